@@ -1,0 +1,64 @@
+# The front door. Every target installs missing Debian packages first, so a
+# fresh Debian 12 machine needs nothing but `make demo` or `make test`.
+#
+#   make demo            build, then show what pdkv does on a heterogeneous example
+#   make test            build, then run every test not labelled `slow`
+#   make test-slow       the long runs (soak, benchmarks-as-tests), on demand
+#   make test-sanitize   ASan + UBSan build in build-asan/, same test set
+#   make test-tsan       ThreadSanitizer build in build-tsan/, same test set
+#   make bench-plan      the planner micro-benchmark
+#   make format          clang-format every C++ file
+
+JOBS ?= 2
+BUILD_TYPE ?= RelWithDebInfo
+CMAKE_FLAGS ?=
+CTEST = ctest --output-on-failure -j $(JOBS) --timeout 600
+
+SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+                UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+TSAN_ENV = TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp"
+
+.PHONY: deps build demo test test-slow test-sanitize test-tsan bench-plan format clean
+
+deps:
+	@scripts/install-deps.sh
+
+# configure + build one tree: $(call build_tree,DIR,EXTRA_CMAKE_FLAGS)
+define build_tree
+	cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS) $(2) >/dev/null
+	cmake --build $(1) -j $(JOBS)
+endef
+
+build: deps
+	$(call build_tree,build,)
+
+demo: build
+	@echo "== which prefill rank sends which KV heads to whom (2 KV heads, TP 1 -> 4) =="
+	build/bin/pdkv plan --kv-heads 2 --prefill-tp 1 --decode-tp 4
+	@echo
+	@echo "== the same as JSON, and the fragments for a 64-page request of 4 layers =="
+	build/bin/pdkv plan --kv-heads 2 --prefill-tp 1 --decode-tp 4 --json
+	build/bin/pdkv plan --kv-heads 2 --prefill-tp 1 --decode-tp 4 --pages 64 --layers 4
+
+test: build
+	cd build && $(CTEST) -LE slow
+
+test-slow: build
+	cd build && $(CTEST) -L slow
+
+test-sanitize: deps
+	$(call build_tree,build-asan,-DPDKV_SANITIZE=address)
+	cd build-asan && $(SANITIZER_ENV) $(CTEST) -LE slow
+
+test-tsan: deps
+	$(call build_tree,build-tsan,-DPDKV_SANITIZE=thread)
+	cd build-tsan && $(TSAN_ENV) $(CTEST) -LE slow
+
+bench-plan: build
+	build/bin/pdkv_plan_bench --benchmark_counters_tabular=true
+
+format:
+	git ls-files '*.h' '*.cc' | xargs clang-format -i
+
+clean:
+	rm -rf build build-asan build-tsan

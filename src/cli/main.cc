@@ -1,0 +1,29 @@
+// build/bin/pdkv: one binary, one subcommand per role (DESIGN §6).
+#include <cstdio>
+#include <vector>
+
+#include "cli/command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"pdkv: KV-cache transfer between prefill and decode ranks"};
+  app.require_subcommand(1);
+  const std::vector<pdkv::cli::Command> commands = {
+      pdkv::cli::add_plan_command(app),
+  };
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line that names the offending value, and the documented exit code.
+    std::fprintf(stderr, "pdkv: %s\n", e.what());
+    return pdkv::cli::kExitInvalidInput;
+  }
+  for (const auto& command : commands) {
+    if (command.app->parsed()) return command.run();
+  }
+  return pdkv::cli::kExitInvalidInput;
+}
