@@ -24,8 +24,8 @@ struct Setup {
 
 Setup make_setup(uint32_t page_size) {
   const uint64_t pages = kTokens / page_size;
-  const pdkv::KvSpec spec{kHeads, kHeadDim, 2, page_size, kLayers, 2 * pages, pdkv::Layout::kNhd,
-                          false};
+  const pdkv::KvSpec spec{kHeads,    kHeadDim,           2,    page_size, kLayers,
+                          2 * pages, pdkv::Layout::kNhd, false};
   auto src_axis = pdkv::AxisSharding::even(kHeads, 1).value();
   auto dst_axis = pdkv::AxisSharding::even(kHeads, 4).value();
   const auto map = pdkv::transfer_map(src_axis, dst_axis).value();

@@ -34,9 +34,9 @@ Status KvSpec::validate() const {
   const unsigned __int128 pool_bytes =
       static_cast<unsigned __int128>(num_pages) * page_bytes(total_heads);
   if (pool_bytes > (uint64_t{1} << 48)) {
-    return Status::invalid_argument(fmt::format(
-        "KvSpec.num_pages {} x {} bytes per page exceeds 2^48 bytes per buffer", num_pages,
-        page_bytes(total_heads)));
+    return Status::invalid_argument(
+        fmt::format("KvSpec.num_pages {} x {} bytes per page exceeds 2^48 bytes per buffer",
+                    num_pages, page_bytes(total_heads)));
   }
   return Status::ok();
 }
@@ -54,9 +54,11 @@ Status check_compatible(const KvSpec& src, const KvSpec& dst) {
     return Status::invalid_argument(
         fmt::format("KvSpec.{} differs: prefill has {}, decode has {}", field, a, b));
   };
-  if (src.total_heads != dst.total_heads) return differ("total_heads", src.total_heads, dst.total_heads);
+  if (src.total_heads != dst.total_heads)
+    return differ("total_heads", src.total_heads, dst.total_heads);
   if (src.head_dim != dst.head_dim) return differ("head_dim", src.head_dim, dst.head_dim);
-  if (src.dtype_bytes != dst.dtype_bytes) return differ("dtype_bytes", src.dtype_bytes, dst.dtype_bytes);
+  if (src.dtype_bytes != dst.dtype_bytes)
+    return differ("dtype_bytes", src.dtype_bytes, dst.dtype_bytes);
   if (src.page_size != dst.page_size) return differ("page_size", src.page_size, dst.page_size);
   if (src.num_layers != dst.num_layers) return differ("num_layers", src.num_layers, dst.num_layers);
   if (src.mla != dst.mla) return differ("mla", src.mla, dst.mla);

@@ -20,9 +20,9 @@ Status check_axis_route(const char* axis, const Segment& seg, const UnitRange& s
                         const UnitRange& dst_owned, uint32_t total) {
   if (seg.count == 0) return Status::invalid_argument(fmt::format("route moves 0 {}", axis));
   if (src_owned.end() > total || dst_owned.end() > total) {
-    return Status::invalid_argument(fmt::format(
-        "ranks own {} [{}, {}) and [{}, {}) but the model has {}", axis, src_owned.first,
-        src_owned.end(), dst_owned.first, dst_owned.end(), total));
+    return Status::invalid_argument(
+        fmt::format("ranks own {} [{}, {}) and [{}, {}) but the model has {}", axis,
+                    src_owned.first, src_owned.end(), dst_owned.first, dst_owned.end(), total));
   }
   if (uint64_t{seg.src_offset} + seg.count > src_owned.count) {
     return Status::out_of_range(fmt::format("route reads source {} [{}, {}) but the rank owns {}",
@@ -30,16 +30,16 @@ Status check_axis_route(const char* axis, const Segment& seg, const UnitRange& s
                                             src_owned.count));
   }
   if (uint64_t{seg.dst_offset} + seg.count > dst_owned.count) {
-    return Status::out_of_range(fmt::format(
-        "route writes destination {} [{}, {}) but the rank owns {}", axis, seg.dst_offset,
-        seg.dst_offset + seg.count, dst_owned.count));
+    return Status::out_of_range(
+        fmt::format("route writes destination {} [{}, {}) but the rank owns {}", axis,
+                    seg.dst_offset, seg.dst_offset + seg.count, dst_owned.count));
   }
   // The check that makes a drifted head computation loud: both ends of a
   // segment must name the same global units.
   if (src_owned.first + seg.src_offset != dst_owned.first + seg.dst_offset) {
-    return Status::invalid_argument(fmt::format(
-        "route sends global {} {} into the slot of global {} {}", axis,
-        src_owned.first + seg.src_offset, axis, dst_owned.first + seg.dst_offset));
+    return Status::invalid_argument(
+        fmt::format("route sends global {} {} into the slot of global {} {}", axis,
+                    src_owned.first + seg.src_offset, axis, dst_owned.first + seg.dst_offset));
   }
   return Status::ok();
 }
@@ -47,9 +47,10 @@ Status check_axis_route(const char* axis, const Segment& seg, const UnitRange& s
 Status check_pages(const char* side, std::span<const uint64_t> pages, uint64_t pool_pages) {
   for (size_t i = 0; i < pages.size(); ++i) {
     if (pages[i] >= pool_pages) {
-      return Status::out_of_range(fmt::format("{} page list entry {} is page {}, but the pool has "
-                                              "{} pages",
-                                              side, i, pages[i], pool_pages));
+      return Status::out_of_range(
+          fmt::format("{} page list entry {} is page {}, but the pool has "
+                      "{} pages",
+                      side, i, pages[i], pool_pages));
     }
   }
   return Status::ok();
@@ -88,8 +89,8 @@ Fragment TransferPlan::fragment(uint64_t i) const {
   f.dst_offset = run.dst_page * template_->dst_page_bytes + piece.dst_offset;
   // A run longer than one page only exists for whole-page templates.
   f.length = piece.length * run.count;
-  f.staging_offset =
-      buffer * pages_ * template_->bytes + run.first_index * template_->bytes + piece.staging_offset;
+  f.staging_offset = buffer * pages_ * template_->bytes + run.first_index * template_->bytes +
+                     piece.staging_offset;
   return f;
 }
 
@@ -102,7 +103,9 @@ std::vector<Fragment> TransferPlan::fragments() const {
 
 size_t Planner::TemplateKeyHash::operator()(const TemplateKey& k) const {
   size_t h = 0;
-  auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  auto mix = [&h](uint64_t v) {
+    h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  };
   mix(static_cast<uint64_t>(k.src_layout) << 8 | static_cast<uint64_t>(k.dst_layout) << 4 | k.mla);
   mix(k.page_size);
   mix(k.head_bytes);
@@ -119,10 +122,10 @@ PageTemplate Planner::build_template(const TemplateKey& k) {
   t.head_vectors = uint64_t{k.page_size} * k.count;
 
   auto emit = [&](uint32_t token, uint32_t h) {
-    const uint64_t src = offset_in_page(k.src_layout, k.page_size, k.src_heads, k.head_bytes,
-                                        token, k.src_head + h);
-    const uint64_t dst = offset_in_page(k.dst_layout, k.page_size, k.dst_heads, k.head_bytes,
-                                        token, k.dst_head + h);
+    const uint64_t src =
+        offset_in_page(k.src_layout, k.page_size, k.src_heads, k.head_bytes, token, k.src_head + h);
+    const uint64_t dst =
+        offset_in_page(k.dst_layout, k.page_size, k.dst_heads, k.head_bytes, token, k.dst_head + h);
     if (!t.pieces.empty()) {
       auto& last = t.pieces.back();
       if (last.src_offset + last.length == src && last.dst_offset + last.length == dst) {
@@ -170,9 +173,9 @@ Result<TransferPlan> Planner::plan(const RankShard& src, const RankShard& dst, c
   PDKV_RETURN_IF_ERROR(check_pages("decode", dst_pages, dst.spec.num_pages));
   PDKV_RETURN_IF_ERROR(check_no_duplicates(dst_pages, dst.spec.num_pages));
 
-  const TemplateKey key{src.spec.layout,     dst.spec.layout,        src.spec.mla,
-                        src.spec.page_size,  src.spec.head_bytes(),  src.heads.count,
-                        dst.heads.count,     route.heads.src_offset, route.heads.dst_offset,
+  const TemplateKey key{src.spec.layout,    dst.spec.layout,        src.spec.mla,
+                        src.spec.page_size, src.spec.head_bytes(),  src.heads.count,
+                        dst.heads.count,    route.heads.src_offset, route.heads.dst_offset,
                         route.heads.count};
   TransferPlan plan;
   {
@@ -195,7 +198,8 @@ Result<TransferPlan> Planner::plan(const RankShard& src, const RankShard& dst, c
     dst_max = std::max(dst_max, dst_pages[i] + 1);
     if (t.whole_page && !plan.runs_.empty()) {
       PageRun& last = plan.runs_.back();
-      if (last.src_page + last.count == src_pages[i] && last.dst_page + last.count == dst_pages[i]) {
+      if (last.src_page + last.count == src_pages[i] &&
+          last.dst_page + last.count == dst_pages[i]) {
         ++last.count;
         continue;
       }

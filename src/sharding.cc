@@ -9,12 +9,12 @@ namespace pdkv {
 
 Result<AxisSharding> AxisSharding::even(uint32_t units, uint32_t ranks, AxisNames names) {
   if (units == 0) {
-    return Status::invalid_argument(fmt::format("0 {} to split over {} {}: need at least 1",
-                                                names.units, names.ranks, ranks));
+    return Status::invalid_argument(
+        fmt::format("0 {} to split over {} {}: need at least 1", names.units, names.ranks, ranks));
   }
   if (ranks == 0) {
-    return Status::invalid_argument(
-        fmt::format("{} 0 cannot own {} {}: need at least 1 rank", names.ranks, units, names.units));
+    return Status::invalid_argument(fmt::format("{} 0 cannot own {} {}: need at least 1 rank",
+                                                names.ranks, units, names.units));
   }
   std::vector<UnitRange> ranges(ranks);
   if (ranks <= units) {
@@ -42,25 +42,24 @@ Result<AxisSharding> AxisSharding::even(uint32_t units, uint32_t ranks, AxisName
 Result<AxisSharding> AxisSharding::from_ranges(uint32_t units, std::vector<UnitRange> ranges,
                                                AxisNames names) {
   if (ranges.empty()) {
-    return Status::invalid_argument(fmt::format("no {} ranges given for {} {}", names.ranks,
-                                                units, names.units));
+    return Status::invalid_argument(
+        fmt::format("no {} ranges given for {} {}", names.ranks, units, names.units));
   }
   uint32_t next = 0;
   for (size_t r = 0; r < ranges.size(); ++r) {
     const UnitRange& range = ranges[r];
     if (range.count == 0) {
-      return Status::invalid_argument(
-          fmt::format("{} {} owns no {} (range [{}, {}))", names.ranks, r, names.units,
-                      range.first, range.end()));
+      return Status::invalid_argument(fmt::format("{} {} owns no {} (range [{}, {}))", names.ranks,
+                                                  r, names.units, range.first, range.end()));
     }
     if (range.first != next) {
       if (r == 0) {
         return Status::invalid_argument(fmt::format("{} 0 starts at {} {}; it must start at 0",
                                                     names.ranks, names.units, range.first));
       }
-      return Status::invalid_argument(fmt::format(
-          "{} {} starts at {} but {} {} ends at {}: ranges of {} must be consecutive",
-          names.ranks, r, range.first, names.ranks, r - 1, next, names.units));
+      return Status::invalid_argument(
+          fmt::format("{} {} starts at {} but {} {} ends at {}: ranges of {} must be consecutive",
+                      names.ranks, r, range.first, names.ranks, r - 1, next, names.units));
     }
     next = range.end();
   }

@@ -14,15 +14,15 @@ template <typename Buffer>
 Status check_buffers(const char* side, std::span<const Buffer> buffers, uint32_t needed,
                      uint64_t extent) {
   if (buffers.size() < needed) {
-    return Status::invalid_argument(
-        fmt::format("{} has {} buffers but the plan touches buffer {}", side, buffers.size(),
-                    needed - 1));
+    return Status::invalid_argument(fmt::format("{} has {} buffers but the plan touches buffer {}",
+                                                side, buffers.size(), needed - 1));
   }
   for (uint32_t b = 0; b < needed; ++b) {
     if (buffers[b].size() < extent) {
-      return Status::out_of_range(fmt::format("{} buffer {} holds {} bytes but the plan reaches "
-                                              "byte {}",
-                                              side, b, buffers[b].size(), extent));
+      return Status::out_of_range(
+          fmt::format("{} buffer {} holds {} bytes but the plan reaches "
+                      "byte {}",
+                      side, b, buffers[b].size(), extent));
     }
   }
   return Status::ok();

@@ -67,9 +67,9 @@ struct PageTemplate {
   std::vector<Piece> pieces;
   uint64_t src_page_bytes = 0;
   uint64_t dst_page_bytes = 0;
-  uint64_t bytes = 0;               // sum of piece lengths
-  uint64_t head_vectors = 0;        // pieces before coalescing: tokens x heads
-  bool whole_page = false;          // one piece that is a whole page on both sides
+  uint64_t bytes = 0;         // sum of piece lengths
+  uint64_t head_vectors = 0;  // pieces before coalescing: tokens x heads
+  bool whole_page = false;    // one piece that is a whole page on both sides
 };
 
 // Consecutive request pages [first_index, first_index + count) of the page

@@ -18,15 +18,15 @@ namespace pdkv {
 
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kInvalidArgument,    // the caller passed something that can never work
-  kOutOfRange,         // an index beyond a pool, a rank beyond a world size
-  kNotFound,           // an unknown room, engine or backend
-  kAlreadyExists,      // a duplicate room or registration
-  kFailedPrecondition, // the call is valid but not in the object's current state
-  kUnavailable,        // not yet (e.g. a topology still bootstrapping): retry
-  kDeadlineExceeded,   // a configured timeout expired
-  kAborted,            // the peer or the caller aborted the room
-  kInternal,           // a transport or library failure
+  kInvalidArgument,     // the caller passed something that can never work
+  kOutOfRange,          // an index beyond a pool, a rank beyond a world size
+  kNotFound,            // an unknown room, engine or backend
+  kAlreadyExists,       // a duplicate room or registration
+  kFailedPrecondition,  // the call is valid but not in the object's current state
+  kUnavailable,         // not yet (e.g. a topology still bootstrapping): retry
+  kDeadlineExceeded,    // a configured timeout expired
+  kAborted,             // the peer or the caller aborted the room
+  kInternal,            // a transport or library failure
 };
 
 // Stable, lower-case name of a code ("invalid_argument"), for logs and JSON.
@@ -38,7 +38,9 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status ok() { return {}; }
-  static Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status invalid_argument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
   static Status not_found(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status already_exists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
@@ -71,8 +73,8 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : state_(std::move(value)) {}              // NOLINT: implicit by design
-  Result(Status status) : state_(std::move(status)) {        // NOLINT: implicit by design
+  Result(T value) : state_(std::move(value)) {}        // NOLINT: implicit by design
+  Result(Status status) : state_(std::move(status)) {  // NOLINT: implicit by design
     if (std::get<Status>(state_).is_ok()) state_ = Status::internal("Result built from ok Status");
   }
 
@@ -81,9 +83,18 @@ class [[nodiscard]] Result {
     static const Status kOkStatus;
     return is_ok() ? kOkStatus : std::get<Status>(state_);
   }
-  T& value() & { check(); return std::get<T>(state_); }
-  const T& value() const& { check(); return std::get<T>(state_); }
-  T&& value() && { check(); return std::get<T>(std::move(state_)); }
+  T& value() & {
+    check();
+    return std::get<T>(state_);
+  }
+  const T& value() const& {
+    check();
+    return std::get<T>(state_);
+  }
+  T&& value() && {
+    check();
+    return std::get<T>(std::move(state_));
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }

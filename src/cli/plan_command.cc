@@ -67,7 +67,8 @@ Result<std::vector<PairStats>> fragment_stats(const PlanOptions& o, uint32_t hea
   for (const Segment& seg : map) {
     RankShard s{spec, src.owned(seg.src_rank).value(), all_layers};
     RankShard d{dst_spec, dst.owned(seg.dst_rank).value(), all_layers};
-    PDKV_ASSIGN_OR_RETURN(TransferPlan plan, planner.plan(s, d, {seg, layer_segment}, pages, pages));
+    PDKV_ASSIGN_OR_RETURN(TransferPlan plan,
+                          planner.plan(s, d, {seg, layer_segment}, pages, pages));
     out.push_back({seg, plan.bytes(), plan.uncoalesced_fragment_count(), plan.fragment_count()});
   }
   return out;
@@ -91,14 +92,15 @@ void print_table(const PlanOptions& o, uint32_t heads, const AxisSharding& src,
     }
   }
   if (stats == nullptr) return;
-  fmt::print("\nfragments for {} pages x {} tokens, {} layers x {}, {} -> {}, {} B per head vector\n",
-             *o.pages, o.page_size, o.layers, o.mla ? "latent" : "K+V", o.layout,
-             o.decode_layout.value_or(o.layout), uint64_t{o.head_dim} * o.dtype_bytes);
+  fmt::print(
+      "\nfragments for {} pages x {} tokens, {} layers x {}, {} -> {}, {} B per head vector\n",
+      *o.pages, o.page_size, o.layers, o.mla ? "latent" : "K+V", o.layout,
+      o.decode_layout.value_or(o.layout), uint64_t{o.head_dim} * o.dtype_bytes);
   fmt::print("{:>8} {:>8} {:>14} {:>12} {:>12} {:>16}\n", "src_rank", "dst_rank", "bytes",
              "frags before", "frags after", "avg bytes after");
   for (const PairStats& p : *stats) {
-    fmt::print("{:>8} {:>8} {:>14} {:>12} {:>12} {:>16}\n", p.segment.src_rank,
-               p.segment.dst_rank, p.bytes, p.fragments_before, p.fragments_after,
+    fmt::print("{:>8} {:>8} {:>14} {:>12} {:>12} {:>16}\n", p.segment.src_rank, p.segment.dst_rank,
+               p.bytes, p.fragments_before, p.fragments_after,
                p.fragments_after ? p.bytes / p.fragments_after : 0);
   }
 }
@@ -171,24 +173,31 @@ Command add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "Print the transfer map (which prefill rank sends which heads to which decode rank)");
-  cmd->add_option("--kv-heads", o->kv_heads, "Total KV heads of the model")->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-heads", o->kv_heads, "Total KV heads of the model")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--prefill-tp", o->prefill_tp, "Prefill tensor-parallel size")
-      ->required()->check(CLI::PositiveNumber);
+      ->required()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--decode-tp", o->decode_tp, "Decode tensor-parallel size")
-      ->required()->check(CLI::PositiveNumber);
+      ->required()
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--mla", o->mla, "MLA cache: one latent vector per token, never sliced");
   cmd->add_flag("--json", o->json, "Machine-readable output");
   cmd->add_option("--pages", o->pages, "Also plan fragments for a request of this many pages")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--head-dim", o->head_dim, "Elements per head vector")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--page-size", o->page_size, "Tokens per page")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--layers", o->layers, "Model layers")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--dtype-bytes", o->dtype_bytes, "Bytes per element")->capture_default_str();
   cmd->add_option("--layout", o->layout, "Pool layout: nhd or hnd (both sides)")
-      ->capture_default_str()->check(CLI::IsMember({"nhd", "hnd"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"nhd", "hnd"}));
   cmd->add_option("--decode-layout", o->decode_layout, "Decode pool layout, if unlike --layout")
       ->check(CLI::IsMember({"nhd", "hnd"}));
   return {cmd, [o] { return run_plan(*o); }};

@@ -66,15 +66,15 @@ TEST(PlanCli, FragmentStatsByHand) {
   // 3 pages, 2 layers: each pair moves 2 heads per token (512 B), strided on
   // the prefill side, so one fragment per (layer, K/V, page, token) = 2*2*3*16
   // = 192 after coalescing, 384 head vectors before; bytes 192 * 512.
-  const CommandResult r = run_pdkv(
-      "plan --kv-heads 8 --prefill-tp 2 --decode-tp 4 --pages 3 --layers 2 --json");
+  const CommandResult r =
+      run_pdkv("plan --kv-heads 8 --prefill-tp 2 --decode-tp 4 --pages 3 --layers 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("\"fragments\":[{\"src_rank\":0,\"dst_rank\":0,\"bytes\":98304,"
                        "\"fragments_before\":384,\"fragments_after\":192}"),
             std::string::npos)
       << r.out;
-  const CommandResult hnd = run_pdkv(
-      "plan --kv-heads 8 --prefill-tp 2 --decode-tp 4 --pages 3 --layers 2 --layout hnd");
+  const CommandResult hnd =
+      run_pdkv("plan --kv-heads 8 --prefill-tp 2 --decode-tp 4 --pages 3 --layers 2 --layout hnd");
   ASSERT_EQ(hnd.exit_code, 0) << hnd.err;
   // Head-major: one fragment per (layer, K/V, page) = 12, of 98304 / 12 = 8192 B.
   EXPECT_NE(hnd.out.find("98304          384           12             8192"), std::string::npos)
@@ -110,8 +110,10 @@ INSTANTIATE_TEST_SUITE_P(
         Invalid{"mla_with_heads", "plan --kv-heads 8 --prefill-tp 1 --decode-tp 2 --mla",
                 "pdkv plan: --kv-heads 8 with --mla: MLA has no head axis; give --kv-heads 1 or "
                 "leave it out"},
-        Invalid{"no_heads", "plan --prefill-tp 1 --decode-tp 2", "pdkv plan: --kv-heads is required (or --mla)"},
-        Invalid{"bad_dtype", "plan --kv-heads 8 --prefill-tp 2 --decode-tp 2 --pages 4 --dtype-bytes 3",
+        Invalid{"no_heads", "plan --prefill-tp 1 --decode-tp 2",
+                "pdkv plan: --kv-heads is required (or --mla)"},
+        Invalid{"bad_dtype",
+                "plan --kv-heads 8 --prefill-tp 2 --decode-tp 2 --pages 4 --dtype-bytes 3",
                 "pdkv plan: KvSpec.dtype_bytes is 3; it must be 1, 2, 4 or 8"}));
 
 TEST(PlanCliInvalid, ZeroAndGarbageAreRefusedByTheParser) {

@@ -11,8 +11,8 @@ TEST(KvSpec, ValidSpecPasses) { EXPECT_TRUE(good().validate().is_ok()); }
 
 TEST(KvSpec, SizesByHand) {
   const KvSpec s = good();
-  EXPECT_EQ(s.head_bytes(), 256u);              // 128 x 2
-  EXPECT_EQ(s.page_bytes(2), 16u * 2 * 256);   // page_size x heads x head bytes
+  EXPECT_EQ(s.head_bytes(), 256u);            // 128 x 2
+  EXPECT_EQ(s.page_bytes(2), 16u * 2 * 256);  // page_size x heads x head bytes
   EXPECT_EQ(s.buffers_per_layer(), 2u);
   KvSpec mla = s;
   mla.mla = true;
@@ -48,7 +48,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"num_pages", [](KvSpec& s) { s.num_pages = 0; }, "KvSpec.num_pages is 0"},
         BadField{"dtype_bytes", [](KvSpec& s) { s.dtype_bytes = 3; }, "KvSpec.dtype_bytes is 3"},
         BadField{"mla_heads", [](KvSpec& s) { s.mla = true; }, "KvSpec.total_heads is 8 with mla"},
-        BadField{"pool_too_large", [](KvSpec& s) { s.num_pages = uint64_t{1} << 40; }, "exceeds 2^48"}));
+        BadField{"pool_too_large", [](KvSpec& s) { s.num_pages = uint64_t{1} << 40; },
+                 "exceeds 2^48"}));
 
 TEST(KvSpec, CompatibilityNamesBothValues) {
   KvSpec a = good(), b = good();

@@ -22,8 +22,10 @@ TEST(PlannerShape, NhdHalfRowsOneFragmentPerToken) {
   // TP 2 -> 4, decode 1 takes source heads 2-3: 12 B per token, contiguous on
   // the decode side (its whole row) but strided on the prefill side (24 B rows).
   Planner planner;
-  auto plan = planner.plan(shard(Layout::kNhd, 2, 0), shard(Layout::kNhd, 4, 1),
-                           {{0, 1, 2, 0, 2}, kAllLayers}, kPages, kPages).value();
+  auto plan = planner
+                  .plan(shard(Layout::kNhd, 2, 0), shard(Layout::kNhd, 4, 1),
+                        {{0, 1, 2, 0, 2}, kAllLayers}, kPages, kPages)
+                  .value();
   EXPECT_EQ(plan.page_template()->pieces.size(), 4u);  // one per token
   EXPECT_EQ(plan.fragment_count(), 2u * 2 * 5 * 4);    // layers x K/V x pages x tokens
   EXPECT_EQ(plan.uncoalesced_fragment_count(), 2u * 2 * 5 * 4 * 2);
@@ -43,8 +45,10 @@ TEST(PlannerShape, NhdHalfRowsOneFragmentPerToken) {
 TEST(PlannerShape, HndOneFragmentPerPage) {
   // Head-major: heads 2-3 of a page are 2 x 4 rows = 48 contiguous bytes.
   Planner planner;
-  auto plan = planner.plan(shard(Layout::kHnd, 2, 0), shard(Layout::kHnd, 4, 1),
-                           {{0, 1, 2, 0, 2}, kAllLayers}, kPages, kPages).value();
+  auto plan = planner
+                  .plan(shard(Layout::kHnd, 2, 0), shard(Layout::kHnd, 4, 1),
+                        {{0, 1, 2, 0, 2}, kAllLayers}, kPages, kPages)
+                  .value();
   ASSERT_EQ(plan.page_template()->pieces.size(), 1u);
   EXPECT_FALSE(plan.page_template()->whole_page);  // not the whole prefill page
   EXPECT_EQ(plan.fragment_count(), 2u * 2 * 5);
@@ -58,12 +62,16 @@ TEST(PlannerShape, WholePagesMergeIntoRuns) {
   Planner planner;
   const RankShard s = shard(Layout::kNhd, 2, 1), d = shard(Layout::kNhd, 2, 1);
   const Route route{{1, 1, 0, 0, 4}, kAllLayers};
-  auto contiguous = planner.plan(s, d, route, std::vector<uint64_t>{0, 1, 2, 3, 4},
-                                 std::vector<uint64_t>{0, 1, 2, 3, 4}).value();
+  auto contiguous = planner
+                        .plan(s, d, route, std::vector<uint64_t>{0, 1, 2, 3, 4},
+                              std::vector<uint64_t>{0, 1, 2, 3, 4})
+                        .value();
   EXPECT_EQ(contiguous.fragment_count(), 2u * 2 * 1);
   EXPECT_EQ(contiguous.fragment(0).length, 5u * 96);
-  auto two_runs = planner.plan(s, d, route, std::vector<uint64_t>{0, 1, 2, 3, 4},
-                               std::vector<uint64_t>{3, 4, 5, 0, 1}).value();
+  auto two_runs = planner
+                      .plan(s, d, route, std::vector<uint64_t>{0, 1, 2, 3, 4},
+                            std::vector<uint64_t>{3, 4, 5, 0, 1})
+                      .value();
   EXPECT_EQ(two_runs.fragment_count(), 2u * 2 * 2);
   EXPECT_EQ(two_runs.fragment(1).src_offset, 3u * 96);
   EXPECT_EQ(two_runs.fragment(1).dst_offset, 0u);
@@ -76,8 +84,10 @@ TEST(PlannerShape, ForEachVisitsFragmentIInOrder) {
   // Two ways to enumerate one plan: the nested walk and the index arithmetic.
   Planner planner;
   for (Layout layout : {Layout::kNhd, Layout::kHnd}) {
-    auto plan = planner.plan(shard(layout, 2, 0), shard(Layout::kNhd, 4, 1),
-                             {{0, 1, 2, 0, 2}, {0, 0, 1, 1, 1}}, kPages, kPages).value();
+    auto plan = planner
+                    .plan(shard(layout, 2, 0), shard(Layout::kNhd, 4, 1),
+                          {{0, 1, 2, 0, 2}, {0, 0, 1, 1, 1}}, kPages, kPages)
+                    .value();
     uint64_t i = 0, staging = 0;
     plan.for_each([&](const Fragment& f) {
       EXPECT_EQ(f, plan.fragment(i)) << "fragment " << i;
@@ -92,8 +102,10 @@ TEST(PlannerShape, ForEachVisitsFragmentIInOrder) {
 
 TEST(PlannerShape, EmptyPageListIsAnEmptyPlan) {
   Planner planner;
-  auto plan = planner.plan(shard(Layout::kNhd, 2, 0), shard(Layout::kNhd, 2, 0),
-                           {{0, 0, 0, 0, 4}, kAllLayers}, {}, {}).value();
+  auto plan = planner
+                  .plan(shard(Layout::kNhd, 2, 0), shard(Layout::kNhd, 2, 0),
+                        {{0, 0, 0, 0, 4}, kAllLayers}, {}, {})
+                  .value();
   EXPECT_EQ(plan.fragment_count(), 0u);
   EXPECT_EQ(plan.bytes(), 0u);
 }

@@ -36,7 +36,8 @@ uint64_t oracle_offset(const KvSpec& s, uint32_t heads_local, uint64_t page, uin
                        uint32_t head) {
   const uint64_t hb = uint64_t{s.head_dim} * s.dtype_bytes;
   const uint64_t page_base = page * s.page_size * heads_local * hb;
-  if (s.mla || s.layout == Layout::kNhd) return page_base + (uint64_t{slot} * heads_local + head) * hb;
+  if (s.mla || s.layout == Layout::kNhd)
+    return page_base + (uint64_t{slot} * heads_local + head) * hb;
   return page_base + (uint64_t{head} * s.page_size + slot) * hb;
 }
 
@@ -71,7 +72,8 @@ std::vector<Rank> make_ranks(const Case& c, const Side& side, bool prefill) {
   for (uint32_t pp = 0; pp < side.pp.size(); ++pp) {
     for (uint32_t tp = 0; tp < side.tp; ++tp) {
       Rank r;
-      r.shard.spec = KvSpec{heads, kHeadDim, kDtype, kPageSize, kLayers, kPoolPages, side.layout, c.mla};
+      r.shard.spec =
+          KvSpec{heads, kHeadDim, kDtype, kPageSize, kLayers, kPoolPages, side.layout, c.mla};
       r.shard.heads = head_axis.owned(tp).value();
       r.shard.layers = side.pp[pp];
       r.tp = tp;
@@ -172,9 +174,8 @@ TEST_P(PlannerByteExact, EveryDecodeByteIsRight) {
       expected[b].resize(r.buffers[b].size());
       for (uint64_t o = 0; o < expected[b].size(); ++o) expected[b][o] = untouched_byte(id, b, o);
     }
-    for_each_element(r, dst_pages, [&](uint32_t buf, uint64_t off, uint8_t v) {
-      expected[buf][off] = v;
-    });
+    for_each_element(r, dst_pages,
+                     [&](uint32_t buf, uint64_t off, uint8_t v) { expected[buf][off] = v; });
     for (uint32_t b = 0; b < r.buffers.size(); ++b) {
       for (uint64_t o = 0; o < expected[b].size(); ++o) {
         ASSERT_EQ(std::to_integer<uint8_t>(r.buffers[b][o]), expected[b][o])
@@ -203,16 +204,34 @@ std::vector<Case> cases() {
     out.push_back({"mla_tp4_to_2_" + l, 1, {4, kOneStage, src}, {2, kOneStage, src}, true});
     out.push_back({"pp2_to_pp1_h8_tp2_to_4_" + l, 8, {2, kTwoStages, src}, {4, kOneStage, src}});
     out.push_back({"pp1_to_pp2_h4_tp4_to_1_" + l, 4, {4, kOneStage, src}, {1, kTwoStages, src}});
-    out.push_back({"staging_h2_tp1_to_4_" + l, 2, {1, kOneStage, src}, {4, kOneStage, src}, false,
+    out.push_back(
+        {"staging_h2_tp1_to_4_" + l, 2, {1, kOneStage, src}, {4, kOneStage, src}, false, true});
+    out.push_back(
+        {"staging_h8_tp4_to_2_" + l, 8, {4, kOneStage, src}, {2, kOneStage, src}, false, true});
+    out.push_back(
+        {"staging_mla_tp2_to_4_" + l, 1, {2, kOneStage, src}, {4, kOneStage, src}, true, true});
+    out.push_back({"contiguous_h8_tp2_to_2_" + l,
+                   8,
+                   {2, kOneStage, src},
+                   {2, kOneStage, src},
+                   false,
+                   false,
                    true});
-    out.push_back({"staging_h8_tp4_to_2_" + l, 8, {4, kOneStage, src}, {2, kOneStage, src}, false,
+    // Consecutive pages that must not merge: only part of each page moves.
+    out.push_back({"contiguous_h8_tp2_to_4_" + l,
+                   8,
+                   {2, kOneStage, src},
+                   {4, kOneStage, src},
+                   false,
+                   false,
                    true});
-    out.push_back({"staging_mla_tp2_to_4_" + l, 1, {2, kOneStage, src}, {4, kOneStage, src}, true,
+    out.push_back({"staging_contiguous_h8_tp2_to_2_" + l,
+                   8,
+                   {2, kOneStage, src},
+                   {2, kOneStage, src},
+                   false,
+                   true,
                    true});
-    out.push_back({"contiguous_h8_tp2_to_2_" + l, 8, {2, kOneStage, src}, {2, kOneStage, src},
-                   false, false, true});
-    out.push_back({"staging_contiguous_h8_tp2_to_2_" + l, 8, {2, kOneStage, src},
-                   {2, kOneStage, src}, false, true, true});
   }
   return out;
 }

@@ -144,9 +144,11 @@ TEST(AxisShardingErrors, IndivisibleReplication) {
 
 TEST(AxisShardingErrors, ZeroSizes) {
   expect_error(AxisSharding::even(0, 4, {"KV heads", "decode TP"}).status(),
-               StatusCode::kInvalidArgument, "0 KV heads to split over decode TP 4: need at least 1");
+               StatusCode::kInvalidArgument,
+               "0 KV heads to split over decode TP 4: need at least 1");
   expect_error(AxisSharding::even(8, 0, {"KV heads", "decode TP"}).status(),
-               StatusCode::kInvalidArgument, "decode TP 0 cannot own 8 KV heads: need at least 1 rank");
+               StatusCode::kInvalidArgument,
+               "decode TP 0 cannot own 8 KV heads: need at least 1 rank");
 }
 
 TEST(AxisShardingErrors, RankBeyondSize) {
@@ -164,7 +166,8 @@ TEST(AxisShardingErrors, BadExplicitRanges) {
   expect_error(AxisSharding::from_ranges(32, {{0, 16}, {16, 0}}, n).status(),
                StatusCode::kInvalidArgument, "prefill PP 1 owns no layers (range [16, 16))");
   expect_error(AxisSharding::from_ranges(32, {{0, 16}, {16, 8}}, n).status(),
-               StatusCode::kInvalidArgument, "prefill PP ranges cover 24 layers but the axis has 32");
+               StatusCode::kInvalidArgument,
+               "prefill PP ranges cover 24 layers but the axis has 32");
   expect_error(AxisSharding::from_ranges(32, {{4, 28}}, n).status(), StatusCode::kInvalidArgument,
                "prefill PP 0 starts at layers 4; it must start at 0");
   expect_error(AxisSharding::from_ranges(32, {}, n).status(), StatusCode::kInvalidArgument,
