@@ -1,0 +1,120 @@
+// The transport interface: what every backend implements, and nothing more.
+//
+// A backend names remote memory, moves bytes and reports completion or
+// failure. It never sees heads, layers, TP or rooms: the protocol layer turns
+// those into WriteOps (via the planner) before a backend is involved. A
+// backend declares what it can do (TransportCapabilities) so that the core
+// never asks which backend it is talking to.
+//
+// Threading contract for implementations: every method may be called from
+// any thread; the peer-failure callback may run on a backend thread and must
+// not call back into the same transport while holding a lock the transport
+// might need.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pdkv/status.h"
+
+namespace pdkv {
+
+enum class MemoryKind : uint8_t { kHost, kCuda, kHip };
+const char* memory_kind_name(MemoryKind kind);
+
+// Registered once at start-up, never per request or per page.
+struct MemoryRegion {
+  void* base = nullptr;
+  uint64_t length = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  int device = 0;
+};
+
+using RegionKey = uint32_t;  // this rank's handle for one of its registered regions
+using PeerId = uint64_t;     // a connected peer
+using BatchId = uint64_t;    // one submitted batch of writes
+
+// One one-sided write: local region bytes -> remote region bytes. Remote
+// regions are numbered by the peer's registration order (its RegionKeys).
+struct WriteOp {
+  RegionKey local_region = 0;
+  uint64_t local_offset = 0;
+  RegionKey remote_region = 0;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+enum class BatchState : uint8_t {
+  kInProgress,
+  kDone,    // every byte of the batch is visible at the peer
+  kFailed,  // see BatchStatus::error; the batch is over
+};
+
+struct BatchStatus {
+  BatchState state = BatchState::kInProgress;
+  Status error;
+};
+
+struct TransportCapabilities {
+  bool host_memory = true;
+  bool cuda_memory = false;  // can register and write CUDA device memory directly
+  bool hip_memory = false;
+  bool reads = false;        // one-sided reads as well as writes
+};
+
+// Settings a backend understands (e.g. {"rails", "4"}); unknown keys are an error.
+using TransportOptions = std::map<std::string, std::string>;
+
+class Transport {
+ public:
+  using PeerFailureCallback = std::function<void(PeerId peer, const Status& reason)>;
+
+  virtual ~Transport() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual TransportCapabilities capabilities() const = 0;
+
+  // Makes a region reachable by peers. Keys are dense, in registration order.
+  virtual Result<RegionKey> register_region(const MemoryRegion& region) = 0;
+  // Opaque bytes that let a peer reach this rank and all its registered
+  // regions; regions registered later need a fresh descriptor.
+  virtual std::string descriptor() const = 0;
+  virtual Result<PeerId> connect(std::string_view peer_descriptor) = 0;
+
+  // Posts the writes; an op outside a registered region (either side) is
+  // refused here with an error, before any byte moves.
+  virtual Result<BatchId> write(PeerId peer, std::span<const WriteOp> ops) = 0;
+  // kDone and kFailed end the batch: a later poll of the same id is not_found.
+  virtual BatchStatus poll(BatchId batch) = 0;
+
+  // Called once per peer that fails, whether the backend detected it or the
+  // protocol layer reported it through fail_peer.
+  virtual void set_peer_failure_callback(PeerFailureCallback callback) = 0;
+  // The protocol layer's liveness signal: the peer is gone. Its batches in
+  // flight end as failed with `reason`, and later writes to it are refused.
+  virtual void fail_peer(PeerId peer, const Status& reason) = 0;
+};
+
+// Backends register themselves by name at static-initialisation time
+// (PDKV_REGISTER_TRANSPORT); the protocol layer creates them by name.
+using TransportFactory =
+    std::function<Result<std::unique_ptr<Transport>>(const TransportOptions& options)>;
+
+bool register_transport(const std::string& name, TransportFactory factory);
+Result<std::unique_ptr<Transport>> create_transport(std::string_view name,
+                                                    const TransportOptions& options = {});
+std::vector<std::string> transport_names();
+
+}  // namespace pdkv
+
+// In one .cc of a backend: PDKV_REGISTER_TRANSPORT("name", factory_function);
+// Link the backend's library whole-archive so the registration is kept.
+#define PDKV_REGISTER_TRANSPORT(name, factory)                     \
+  [[maybe_unused]] static const bool PDKV_CONCAT(pdkv_registered_, \
+                                                 __LINE__) = ::pdkv::register_transport(name, factory)

@@ -1,0 +1,174 @@
+// The `loopback` transport: memcpy between regions registered in one process.
+//
+// TEST-ONLY. It exists so that the protocol layer can be tested with several
+// engines in one process; it is not a backend, is never linked into the
+// `pdkv` tool and moves no byte between processes. Writes complete at once,
+// under one process-wide lock (which also keeps a peer alive while it is
+// written to).
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstring>
+#include <mutex>
+
+#include "pdkv/transport.h"
+
+namespace pdkv::testing {
+namespace {
+
+class LoopbackTransport;
+
+std::mutex g_mu;                                  // guards g_live and every copy
+std::map<uint64_t, LoopbackTransport*> g_live;    // by transport id
+uint64_t g_next_id = 1;
+
+constexpr std::string_view kPrefix = "loopback:";
+
+class LoopbackTransport final : public Transport {
+ public:
+  LoopbackTransport() {
+    std::lock_guard lock(g_mu);
+    id_ = g_next_id++;
+    g_live[id_] = this;
+  }
+  ~LoopbackTransport() override {
+    std::lock_guard lock(g_mu);
+    g_live.erase(id_);
+  }
+
+  std::string_view name() const override { return "loopback"; }
+  TransportCapabilities capabilities() const override { return {}; }
+
+  Result<RegionKey> register_region(const MemoryRegion& region) override {
+    if (region.kind != MemoryKind::kHost) {
+      return Status::invalid_argument(fmt::format(
+          "loopback registers host memory only, not {}", memory_kind_name(region.kind)));
+    }
+    if (region.base == nullptr || region.length == 0) {
+      return Status::invalid_argument("loopback: region with no memory");
+    }
+    std::lock_guard lock(mu_);
+    regions_.push_back(region);
+    return static_cast<RegionKey>(regions_.size() - 1);
+  }
+
+  std::string descriptor() const override { return fmt::format("{}{}", kPrefix, id_); }
+
+  Result<PeerId> connect(std::string_view desc) override {
+    uint64_t remote = 0;
+    if (desc.substr(0, kPrefix.size()) != kPrefix ||
+        std::from_chars(desc.data() + kPrefix.size(), desc.data() + desc.size(), remote).ec !=
+            std::errc()) {
+      return Status::invalid_argument(fmt::format("not a loopback descriptor: '{}'", desc));
+    }
+    {
+      std::lock_guard global(g_mu);
+      if (!g_live.count(remote)) {
+        return Status::unavailable(fmt::format("loopback peer {} does not exist", remote));
+      }
+    }
+    std::lock_guard lock(mu_);
+    const PeerId id = next_peer_++;
+    peers_[id] = Peer{remote, Status::ok()};
+    return id;
+  }
+
+  Result<BatchId> write(PeerId peer_id, std::span<const WriteOp> ops) override {
+    std::lock_guard global(g_mu);
+    std::unique_lock lock(mu_);
+    auto peer = peers_.find(peer_id);
+    if (peer == peers_.end()) return Status::not_found(fmt::format("no loopback peer {}", peer_id));
+    if (!peer->second.failure.is_ok()) return peer->second.failure;
+    auto remote = g_live.find(peer->second.remote_id);
+    if (remote == g_live.end()) {
+      return Status::unavailable(fmt::format("loopback peer {} is gone", peer->second.remote_id));
+    }
+    LoopbackTransport& dst = *remote->second;
+    std::unique_lock dst_lock(dst.mu_, std::defer_lock);
+    if (&dst != this) dst_lock.lock();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      PDKV_RETURN_IF_ERROR(check(regions_, ops[i].local_region, ops[i].local_offset, ops[i].length,
+                                 "local", i));
+      PDKV_RETURN_IF_ERROR(check(dst.regions_, ops[i].remote_region, ops[i].remote_offset,
+                                 ops[i].length, "remote", i));
+    }
+    for (const WriteOp& op : ops) {
+      std::memcpy(static_cast<char*>(dst.regions_[op.remote_region].base) + op.remote_offset,
+                  static_cast<const char*>(regions_[op.local_region].base) + op.local_offset,
+                  op.length);
+    }
+    const BatchId id = next_batch_++;
+    batches_[id] = BatchStatus{BatchState::kDone, Status::ok()};
+    return id;
+  }
+
+  BatchStatus poll(BatchId batch) override {
+    std::lock_guard lock(mu_);
+    auto it = batches_.find(batch);
+    if (it == batches_.end()) {
+      return {BatchState::kFailed, Status::not_found(fmt::format("no loopback batch {}", batch))};
+    }
+    BatchStatus status = it->second;
+    batches_.erase(it);
+    return status;
+  }
+
+  void set_peer_failure_callback(PeerFailureCallback callback) override {
+    std::lock_guard lock(mu_);
+    callback_ = std::move(callback);
+  }
+
+  void fail_peer(PeerId peer_id, const Status& reason) override {
+    PeerFailureCallback callback;
+    {
+      std::lock_guard lock(mu_);
+      auto peer = peers_.find(peer_id);
+      if (peer == peers_.end() || !peer->second.failure.is_ok()) return;
+      peer->second.failure = reason.is_ok() ? Status::unavailable("peer failed") : reason;
+      callback = callback_;
+    }
+    if (callback) callback(peer_id, reason);
+  }
+
+ private:
+  struct Peer {
+    uint64_t remote_id;
+    Status failure;
+  };
+
+  static Status check(const std::vector<MemoryRegion>& regions, RegionKey key, uint64_t offset,
+                      uint64_t length, const char* side, size_t op) {
+    if (key >= regions.size()) {
+      return Status::out_of_range(fmt::format("write {}: {} region {} is not registered ({} are)",
+                                              op, side, key, regions.size()));
+    }
+    if (offset > regions[key].length || length > regions[key].length - offset) {
+      return Status::out_of_range(
+          fmt::format("write {}: {} bytes [{}, {}) outside {} region {} of {} bytes", op, side,
+                      offset, offset + length, side, key, regions[key].length));
+    }
+    return Status::ok();
+  }
+
+  uint64_t id_ = 0;
+  mutable std::mutex mu_;
+  std::vector<MemoryRegion> regions_;
+  std::map<PeerId, Peer> peers_;
+  std::map<BatchId, BatchStatus> batches_;
+  PeerId next_peer_ = 1;
+  BatchId next_batch_ = 1;
+  PeerFailureCallback callback_;
+};
+
+Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options) {
+  if (!options.empty()) {
+    return Status::invalid_argument(
+        fmt::format("loopback takes no options, got '{}'", options.begin()->first));
+  }
+  return std::unique_ptr<Transport>(std::make_unique<LoopbackTransport>());
+}
+
+PDKV_REGISTER_TRANSPORT("loopback", make_loopback);
+
+}  // namespace
+}  // namespace pdkv::testing
