@@ -4,11 +4,16 @@ namespace pdkv {
 
 const char* poll_state_name(PollState state) {
   switch (state) {
-    case PollState::kFailed: return "Failed";
-    case PollState::kBootstrapping: return "Bootstrapping";
-    case PollState::kWaitingForInput: return "WaitingForInput";
-    case PollState::kTransferring: return "Transferring";
-    case PollState::kSuccess: return "Success";
+    case PollState::kFailed:
+      return "Failed";
+    case PollState::kBootstrapping:
+      return "Bootstrapping";
+    case PollState::kWaitingForInput:
+      return "WaitingForInput";
+    case PollState::kTransferring:
+      return "Transferring";
+    case PollState::kSuccess:
+      return "Success";
   }
   return "Unknown";
 }

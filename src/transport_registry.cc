@@ -24,9 +24,12 @@ Registry& registry() {
 
 const char* memory_kind_name(MemoryKind kind) {
   switch (kind) {
-    case MemoryKind::kHost: return "host";
-    case MemoryKind::kCuda: return "cuda";
-    case MemoryKind::kHip: return "hip";
+    case MemoryKind::kHost:
+      return "host";
+    case MemoryKind::kCuda:
+      return "cuda";
+    case MemoryKind::kHip:
+      return "hip";
   }
   return "unknown";
 }
@@ -47,8 +50,9 @@ Result<std::unique_ptr<Transport>> create_transport(std::string_view name,
     if (it == r.factories.end()) {
       std::vector<std::string> known;
       for (const auto& [n, f] : r.factories) known.push_back(n);
-      return Status::not_found(fmt::format("no transport backend named '{}' (built: {})", name,
-                                           known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", "))));
+      return Status::not_found(
+          fmt::format("no transport backend named '{}' (built: {})", name,
+                      known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", "))));
     }
     factory = it->second;
   }

@@ -65,7 +65,7 @@ struct TransportCapabilities {
   bool host_memory = true;
   bool cuda_memory = false;  // can register and write CUDA device memory directly
   bool hip_memory = false;
-  bool reads = false;        // one-sided reads as well as writes
+  bool reads = false;  // one-sided reads as well as writes
 };
 
 // Settings a backend understands (e.g. {"rails", "4"}); unknown keys are an error.
@@ -115,6 +115,6 @@ std::vector<std::string> transport_names();
 
 // In one .cc of a backend: PDKV_REGISTER_TRANSPORT("name", factory_function);
 // Link the backend's library whole-archive so the registration is kept.
-#define PDKV_REGISTER_TRANSPORT(name, factory)                     \
-  [[maybe_unused]] static const bool PDKV_CONCAT(pdkv_registered_, \
-                                                 __LINE__) = ::pdkv::register_transport(name, factory)
+#define PDKV_REGISTER_TRANSPORT(name, factory)                                 \
+  [[maybe_unused]] static const bool PDKV_CONCAT(pdkv_registered_, __LINE__) = \
+      ::pdkv::register_transport(name, factory)

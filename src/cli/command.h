@@ -21,5 +21,6 @@ struct Command {
 };
 
 Command add_plan_command(CLI::App& app);
+Command add_bootstrap_command(CLI::App& app);
 
 }  // namespace pdkv::cli

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   const std::vector<pdkv::cli::Command> commands = {
       pdkv::cli::add_plan_command(app),
+      pdkv::cli::add_bootstrap_command(app),
   };
 
   try {

@@ -18,8 +18,8 @@ namespace {
 
 class LoopbackTransport;
 
-std::mutex g_mu;                                  // guards g_live and every copy
-std::map<uint64_t, LoopbackTransport*> g_live;    // by transport id
+std::mutex g_mu;                                // guards g_live and every copy
+std::map<uint64_t, LoopbackTransport*> g_live;  // by transport id
 uint64_t g_next_id = 1;
 
 constexpr std::string_view kPrefix = "loopback:";
@@ -41,8 +41,8 @@ class LoopbackTransport final : public Transport {
 
   Result<RegionKey> register_region(const MemoryRegion& region) override {
     if (region.kind != MemoryKind::kHost) {
-      return Status::invalid_argument(fmt::format(
-          "loopback registers host memory only, not {}", memory_kind_name(region.kind)));
+      return Status::invalid_argument(fmt::format("loopback registers host memory only, not {}",
+                                                  memory_kind_name(region.kind)));
     }
     if (region.base == nullptr || region.length == 0) {
       return Status::invalid_argument("loopback: region with no memory");
@@ -87,8 +87,8 @@ class LoopbackTransport final : public Transport {
     std::unique_lock dst_lock(dst.mu_, std::defer_lock);
     if (&dst != this) dst_lock.lock();
     for (size_t i = 0; i < ops.size(); ++i) {
-      PDKV_RETURN_IF_ERROR(check(regions_, ops[i].local_region, ops[i].local_offset, ops[i].length,
-                                 "local", i));
+      PDKV_RETURN_IF_ERROR(
+          check(regions_, ops[i].local_region, ops[i].local_offset, ops[i].length, "local", i));
       PDKV_RETURN_IF_ERROR(check(dst.regions_, ops[i].remote_region, ops[i].remote_offset,
                                  ops[i].length, "remote", i));
     }

@@ -43,7 +43,8 @@ class Loopback : public ::testing::Test {
 };
 
 TEST_F(Loopback, WritesLandAndCompleteOnce) {
-  const std::vector<WriteOp> ops = {{src_key_, 10, dst_key_, 0, 4}, {src_key_, 200, dst_key_, 100, 2}};
+  const std::vector<WriteOp> ops = {{src_key_, 10, dst_key_, 0, 4},
+                                    {src_key_, 200, dst_key_, 100, 2}};
   const BatchId batch = a_->write(peer_, ops).value();
   EXPECT_EQ(a_->poll(batch).state, BatchState::kDone);
   EXPECT_EQ(a_->poll(batch).error.code(), StatusCode::kNotFound);
@@ -77,8 +78,9 @@ TEST_F(Loopback, FailedPeerRefusesWritesAndCallsBackOnce) {
   a_->fail_peer(peer_, Status::unavailable("again"));
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(reason, "decode/0 died");
-  EXPECT_EQ(a_->write(peer_, std::vector<WriteOp>{{src_key_, 0, dst_key_, 0, 1}}).status().message(),
-            "decode/0 died");
+  EXPECT_EQ(
+      a_->write(peer_, std::vector<WriteOp>{{src_key_, 0, dst_key_, 0, 1}}).status().message(),
+      "decode/0 died");
 }
 
 TEST_F(Loopback, GonePeerIsAnErrorNotACrash) {

@@ -1,0 +1,37 @@
+// A prefill or decode rank's view of the bootstrap service.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pdkv.grpc.pb.h"
+#include "pdkv/status.h"
+
+namespace pdkv::bootstrap {
+
+class Client {
+ public:
+  explicit Client(std::string address);
+
+  // Returns whether an earlier incarnation of the same rank was replaced.
+  Result<bool> register_rank(const proto::RankInfo& rank, std::chrono::milliseconds timeout);
+  // One query; unavailable while ranks are missing.
+  Result<std::vector<proto::RankInfo>> topology(const std::string& engine_id, uint32_t dp_rank,
+                                                std::chrono::milliseconds timeout);
+  // Retries while the answer is unavailable (ranks still registering, or the
+  // service not up yet), with capped backoff, until `timeout`; then
+  // deadline_exceeded naming the last answer.
+  Result<std::vector<proto::RankInfo>> wait_for_topology(const std::string& engine_id,
+                                                         uint32_t dp_rank,
+                                                         std::chrono::milliseconds timeout);
+
+ private:
+  std::string address_;
+  std::unique_ptr<proto::Bootstrap::Stub> stub_;
+};
+
+}  // namespace pdkv::bootstrap

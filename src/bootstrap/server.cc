@@ -1,0 +1,77 @@
+#include <grpcpp/grpcpp.h>
+
+#include "bootstrap/registry.h"
+#include "grpc_status.h"
+#include "log.h"
+#include "pdkv.grpc.pb.h"
+#include "pdkv/bootstrap.h"
+
+namespace pdkv {
+namespace {
+
+class BootstrapService final : public proto::Bootstrap::Service {
+ public:
+  grpc::Status RegisterRank(grpc::ServerContext*, const proto::RegisterRankRequest* request,
+                            proto::RegisterRankReply* reply) override {
+    PDKV_GRPC_CHECK(check_protocol_version(request->protocol_version()));
+    auto registered = registry_.register_rank(request->rank());
+    if (!registered.is_ok()) {
+      logger("bootstrap")->warn("refused registration: {}", registered.status().message());
+      return to_grpc(registered.status());
+    }
+    reply->set_replaced(registered->replaced);
+    const auto& r = request->rank();
+    logger("bootstrap")
+        ->info("{} rank {} dp {} tp {}/{} pp {}/{} at {}", registered->replaced ? "re-registered" : "registered",
+               r.engine_id(), r.dp_rank(), r.tp_rank(), r.tp_size(), r.pp_rank(), r.pp_size(),
+               r.control_address());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetTopology(grpc::ServerContext*, const proto::TopologyRequest* request,
+                           proto::TopologyReply* reply) override {
+    PDKV_GRPC_CHECK(check_protocol_version(request->protocol_version()));
+    auto ranks = registry_.topology(request->engine_id(), request->dp_rank());
+    if (!ranks.is_ok()) return to_grpc(ranks.status());
+    for (auto& r : *ranks) *reply->add_ranks() = std::move(r);
+    return grpc::Status::OK;
+  }
+
+ private:
+  bootstrap::Registry registry_;
+};
+
+}  // namespace
+
+struct BootstrapServer::Impl {
+  BootstrapService service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+BootstrapServer::BootstrapServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+BootstrapServer::~BootstrapServer() { shutdown(); }
+
+Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const std::string& address) {
+  auto impl = std::make_unique<Impl>();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
+  builder.RegisterService(&impl->service);
+  impl->server = builder.BuildAndStart();
+  if (!impl->server || impl->port == 0) {
+    return Status::unavailable(fmt::format("bootstrap cannot listen on '{}'", address));
+  }
+  logger("bootstrap")->info("listening on port {}", impl->port);
+  return std::unique_ptr<BootstrapServer>(new BootstrapServer(std::move(impl)));
+}
+
+int BootstrapServer::port() const { return impl_->port; }
+
+void BootstrapServer::wait() { impl_->server->Wait(); }
+
+void BootstrapServer::shutdown() {
+  if (impl_ && impl_->server) impl_->server->Shutdown();
+}
+
+}  // namespace pdkv

@@ -1,0 +1,14 @@
+// One spdlog logger per component ("bootstrap", "engine", ...), all on stderr,
+// created on first use.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <memory>
+#include <string>
+
+namespace pdkv {
+
+std::shared_ptr<spdlog::logger> logger(const std::string& component);
+
+}  // namespace pdkv

@@ -1,0 +1,169 @@
+// The bootstrap service: registry rules directly, then the same over gRPC.
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include "bootstrap/client.h"
+#include "bootstrap/registry.h"
+#include "pdkv.grpc.pb.h"
+#include "pdkv/bootstrap.h"
+
+namespace pdkv {
+namespace {
+
+using namespace std::chrono_literals;
+
+proto::RankInfo rank(uint32_t tp, uint32_t tp_size, uint32_t pp = 0, uint32_t pp_size = 1,
+                     uint32_t layer_first = 0, uint32_t layer_count = 32) {
+  proto::RankInfo r;
+  r.set_engine_id("prefill-a");
+  r.set_dp_size(1);
+  r.set_tp_rank(tp);
+  r.set_tp_size(tp_size);
+  r.set_pp_rank(pp);
+  r.set_pp_size(pp_size);
+  r.set_layer_first(layer_first);
+  r.set_layer_count(layer_count);
+  auto* s = r.mutable_kv_spec();
+  s->set_total_heads(8);
+  s->set_head_dim(128);
+  s->set_dtype_bytes(2);
+  s->set_page_size(16);
+  s->set_num_layers(32);
+  s->set_num_pages(1024);
+  r.set_backend("loopback");
+  r.set_control_address("127.0.0.1:" + std::to_string(7000 + tp));
+  r.set_incarnation(1);
+  return r;
+}
+
+TEST(BootstrapRegistry, TopologyUnavailableUntilEveryRankRegistered) {
+  bootstrap::Registry reg;
+  EXPECT_EQ(reg.topology("prefill-a", 0).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(reg.register_rank(rank(1, 2)).is_ok());
+  auto partial = reg.topology("prefill-a", 0);
+  EXPECT_EQ(partial.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(partial.status().message(), "engine 'prefill-a' dp 0: 1 of 2 ranks registered");
+  ASSERT_TRUE(reg.register_rank(rank(0, 2)).is_ok());
+  auto full = reg.topology("prefill-a", 0).value();
+  ASSERT_EQ(full.size(), 2u);
+  EXPECT_EQ(full[0].tp_rank(), 0u);  // ordered by (pp, tp)
+  EXPECT_EQ(full[1].tp_rank(), 1u);
+}
+
+TEST(BootstrapRegistry, MismatchedSpecRefusedNamingBothValues) {
+  bootstrap::Registry reg;
+  ASSERT_TRUE(reg.register_rank(rank(0, 2)).is_ok());
+  auto bad = rank(1, 2);
+  bad.mutable_kv_spec()->set_page_size(32);
+  EXPECT_EQ(reg.register_rank(bad).status().message(),
+            "prefill-a dp 0 tp 1 pp 0 registers page_size 32 but prefill-a dp 0 tp 0 pp 0 "
+            "registered 16");
+  bad = rank(1, 2);
+  bad.set_backend("nixl");
+  EXPECT_EQ(reg.register_rank(bad).status().message(),
+            "prefill-a dp 0 tp 1 pp 0 registers backend nixl but prefill-a dp 0 tp 0 pp 0 "
+            "registered loopback");
+  bad = rank(1, 2);
+  bad.mutable_kv_spec()->set_layout(proto::LAYOUT_HND);
+  EXPECT_EQ(reg.register_rank(bad).status().message(),
+            "prefill-a dp 0 tp 1 pp 0 registers layout hnd but prefill-a dp 0 tp 0 pp 0 "
+            "registered nhd");
+  for (auto mutate : {+[](proto::RankInfo& r) { r.mutable_kv_spec()->set_dtype_bytes(4); },
+                      +[](proto::RankInfo& r) { r.mutable_kv_spec()->set_head_dim(64); },
+                      +[](proto::RankInfo& r) { r.mutable_kv_spec()->set_total_heads(4); },
+                      +[](proto::RankInfo& r) { r.set_tp_size(4); }}) {
+    bad = rank(1, 2);
+    mutate(bad);
+    EXPECT_EQ(reg.register_rank(bad).status().code(), StatusCode::kInvalidArgument);
+  }
+  // Nothing refused was stored: the engine still waits for rank 1.
+  EXPECT_EQ(reg.topology("prefill-a", 0).status().code(), StatusCode::kUnavailable);
+}
+
+TEST(BootstrapRegistry, RankOutsideItsSizes) {
+  bootstrap::Registry reg;
+  EXPECT_EQ(reg.register_rank(rank(2, 2)).status().message(),
+            "prefill-a dp 0 tp 2 pp 0: tp rank 2 is outside tp size 2");
+  EXPECT_EQ(reg.register_rank(rank(0, 1, 0, 1, 30, 4)).status().message(),
+            "prefill-a dp 0 tp 0 pp 0: layers [30, 34) outside the model's 32");
+}
+
+TEST(BootstrapRegistry, RestartReplacesTheEntry) {
+  bootstrap::Registry reg;
+  EXPECT_FALSE(reg.register_rank(rank(0, 1)).value().replaced);
+  auto again = rank(0, 1);
+  again.set_incarnation(2);
+  again.set_control_address("127.0.0.1:9999");
+  EXPECT_TRUE(reg.register_rank(again).value().replaced);
+  auto topo = reg.topology("prefill-a", 0).value();
+  ASSERT_EQ(topo.size(), 1u);
+  EXPECT_EQ(topo[0].incarnation(), 2u);
+  EXPECT_EQ(topo[0].control_address(), "127.0.0.1:9999");
+}
+
+TEST(BootstrapRegistry, PipelineStagesMustCoverTheLayers) {
+  bootstrap::Registry reg;
+  ASSERT_TRUE(reg.register_rank(rank(0, 1, 0, 2, 0, 16)).is_ok());
+  ASSERT_TRUE(reg.register_rank(rank(0, 1, 1, 2, 20, 12)).is_ok());
+  EXPECT_EQ(reg.topology("prefill-a", 0).status().message(),
+            "engine 'prefill-a' dp 0: prefill PP stage 1 starts at 20 but prefill PP stage 0 "
+            "ends at 16: ranges of layers must be consecutive");
+  ASSERT_TRUE(reg.register_rank(rank(0, 1, 1, 2, 16, 16)).is_ok());  // restart, fixed
+  EXPECT_EQ(reg.topology("prefill-a", 0).value().size(), 2u);
+}
+
+class BootstrapOverGrpc : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::move(BootstrapServer::start("127.0.0.1:0")).value();
+    address_ = "127.0.0.1:" + std::to_string(server_->port());
+  }
+  std::unique_ptr<BootstrapServer> server_;
+  std::string address_;
+};
+
+TEST_F(BootstrapOverGrpc, RegisterThenTopology) {
+  bootstrap::Client client(address_);
+  EXPECT_FALSE(client.register_rank(rank(0, 2), 2s).value());
+  EXPECT_EQ(client.topology("prefill-a", 0, 2s).status().code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(client.register_rank(rank(1, 2), 2s).value());
+  auto topo = client.wait_for_topology("prefill-a", 0, 2s).value();
+  EXPECT_EQ(topo.size(), 2u);
+}
+
+TEST_F(BootstrapOverGrpc, RefusalKeepsCodeAndMessage) {
+  bootstrap::Client client(address_);
+  ASSERT_TRUE(client.register_rank(rank(0, 2), 2s).is_ok());
+  auto bad = rank(1, 2);
+  bad.mutable_kv_spec()->set_head_dim(64);
+  const Status st = client.register_rank(bad, 2s).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "bootstrap " + address_ +
+                              " RegisterRank: prefill-a dp 0 tp 1 pp 0 registers head_dim 64 "
+                              "but prefill-a dp 0 tp 0 pp 0 registered 128");
+}
+
+TEST_F(BootstrapOverGrpc, WaitTimesOutNamingTheLastAnswer) {
+  bootstrap::Client client(address_);
+  ASSERT_TRUE(client.register_rank(rank(0, 2), 2s).is_ok());
+  const Status st = client.wait_for_topology("prefill-a", 0, 100ms).status();
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(st.message().find("1 of 2 ranks registered"), std::string::npos) << st.message();
+}
+
+TEST_F(BootstrapOverGrpc, OtherProtocolVersionRefused) {
+  auto stub = proto::Bootstrap::NewStub(
+      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  proto::TopologyRequest request;
+  request.set_protocol_version(99);
+  request.set_engine_id("prefill-a");
+  proto::TopologyReply reply;
+  grpc::ClientContext ctx;
+  const grpc::Status s = stub->GetTopology(&ctx, request, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(s.error_message(),
+            "peer speaks pdkv protocol version 99, this process speaks version 1");
+}
+
+}  // namespace
+}  // namespace pdkv
