@@ -10,16 +10,35 @@ grpc::Status to_grpc(const Status& s) {
   using grpc::StatusCode;
   StatusCode code = StatusCode::UNKNOWN;
   switch (s.code()) {
-    case pdkv::StatusCode::kOk: return grpc::Status::OK;
-    case pdkv::StatusCode::kInvalidArgument: code = StatusCode::INVALID_ARGUMENT; break;
-    case pdkv::StatusCode::kOutOfRange: code = StatusCode::OUT_OF_RANGE; break;
-    case pdkv::StatusCode::kNotFound: code = StatusCode::NOT_FOUND; break;
-    case pdkv::StatusCode::kAlreadyExists: code = StatusCode::ALREADY_EXISTS; break;
-    case pdkv::StatusCode::kFailedPrecondition: code = StatusCode::FAILED_PRECONDITION; break;
-    case pdkv::StatusCode::kUnavailable: code = StatusCode::UNAVAILABLE; break;
-    case pdkv::StatusCode::kDeadlineExceeded: code = StatusCode::DEADLINE_EXCEEDED; break;
-    case pdkv::StatusCode::kAborted: code = StatusCode::ABORTED; break;
-    case pdkv::StatusCode::kInternal: code = StatusCode::INTERNAL; break;
+    case pdkv::StatusCode::kOk:
+      return grpc::Status::OK;
+    case pdkv::StatusCode::kInvalidArgument:
+      code = StatusCode::INVALID_ARGUMENT;
+      break;
+    case pdkv::StatusCode::kOutOfRange:
+      code = StatusCode::OUT_OF_RANGE;
+      break;
+    case pdkv::StatusCode::kNotFound:
+      code = StatusCode::NOT_FOUND;
+      break;
+    case pdkv::StatusCode::kAlreadyExists:
+      code = StatusCode::ALREADY_EXISTS;
+      break;
+    case pdkv::StatusCode::kFailedPrecondition:
+      code = StatusCode::FAILED_PRECONDITION;
+      break;
+    case pdkv::StatusCode::kUnavailable:
+      code = StatusCode::UNAVAILABLE;
+      break;
+    case pdkv::StatusCode::kDeadlineExceeded:
+      code = StatusCode::DEADLINE_EXCEEDED;
+      break;
+    case pdkv::StatusCode::kAborted:
+      code = StatusCode::ABORTED;
+      break;
+    case pdkv::StatusCode::kInternal:
+      code = StatusCode::INTERNAL;
+      break;
   }
   return {code, s.message()};
 }
@@ -28,17 +47,35 @@ Status from_grpc(const grpc::Status& s, const std::string& context) {
   using grpc::StatusCode;
   pdkv::StatusCode code = pdkv::StatusCode::kInternal;
   switch (s.error_code()) {
-    case StatusCode::OK: return Status::ok();
-    case StatusCode::INVALID_ARGUMENT: code = pdkv::StatusCode::kInvalidArgument; break;
-    case StatusCode::OUT_OF_RANGE: code = pdkv::StatusCode::kOutOfRange; break;
-    case StatusCode::NOT_FOUND: code = pdkv::StatusCode::kNotFound; break;
-    case StatusCode::ALREADY_EXISTS: code = pdkv::StatusCode::kAlreadyExists; break;
-    case StatusCode::FAILED_PRECONDITION: code = pdkv::StatusCode::kFailedPrecondition; break;
-    case StatusCode::UNAVAILABLE: code = pdkv::StatusCode::kUnavailable; break;
-    case StatusCode::DEADLINE_EXCEEDED: code = pdkv::StatusCode::kDeadlineExceeded; break;
+    case StatusCode::OK:
+      return Status::ok();
+    case StatusCode::INVALID_ARGUMENT:
+      code = pdkv::StatusCode::kInvalidArgument;
+      break;
+    case StatusCode::OUT_OF_RANGE:
+      code = pdkv::StatusCode::kOutOfRange;
+      break;
+    case StatusCode::NOT_FOUND:
+      code = pdkv::StatusCode::kNotFound;
+      break;
+    case StatusCode::ALREADY_EXISTS:
+      code = pdkv::StatusCode::kAlreadyExists;
+      break;
+    case StatusCode::FAILED_PRECONDITION:
+      code = pdkv::StatusCode::kFailedPrecondition;
+      break;
+    case StatusCode::UNAVAILABLE:
+      code = pdkv::StatusCode::kUnavailable;
+      break;
+    case StatusCode::DEADLINE_EXCEEDED:
+      code = pdkv::StatusCode::kDeadlineExceeded;
+      break;
     case StatusCode::ABORTED:
-    case StatusCode::CANCELLED: code = pdkv::StatusCode::kAborted; break;
-    default: break;
+    case StatusCode::CANCELLED:
+      code = pdkv::StatusCode::kAborted;
+      break;
+    default:
+      break;
   }
   return {code, context + ": " + s.error_message()};
 }

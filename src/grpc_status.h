@@ -18,8 +18,8 @@ Status check_protocol_version(uint32_t peer_version);
 }  // namespace pdkv
 
 // In a gRPC handler: return the pdkv Status as a grpc::Status if it is not ok.
-#define PDKV_GRPC_CHECK(expr)                                         \
-  do {                                                                \
-    ::pdkv::Status pdkv_grpc_status_ = (expr);                        \
+#define PDKV_GRPC_CHECK(expr)                                                  \
+  do {                                                                         \
+    ::pdkv::Status pdkv_grpc_status_ = (expr);                                 \
     if (!pdkv_grpc_status_.is_ok()) return ::pdkv::to_grpc(pdkv_grpc_status_); \
   } while (0)

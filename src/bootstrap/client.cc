@@ -49,9 +49,9 @@ Result<std::vector<proto::RankInfo>> Client::topology(const std::string& engine_
   return std::vector<proto::RankInfo>(reply.ranks().begin(), reply.ranks().end());
 }
 
-Result<std::vector<proto::RankInfo>> Client::wait_for_topology(const std::string& engine_id,
-                                                               uint32_t dp_rank,
-                                                               std::chrono::milliseconds timeout) {
+Result<std::vector<proto::RankInfo>> Client::wait_for_topology(
+    const std::string& engine_id, uint32_t dp_rank, std::chrono::milliseconds timeout,
+    const std::function<bool()>& cancelled) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::chrono::milliseconds backoff{10};
   Status last;
@@ -59,6 +59,8 @@ Result<std::vector<proto::RankInfo>> Client::wait_for_topology(const std::string
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
+    if (cancelled && cancelled())
+      return Status::aborted("topology lookup cancelled: shutting down");
     auto ranks = topology(engine_id, dp_rank, std::min(left, std::chrono::milliseconds{1000}));
     if (ranks.is_ok()) return ranks;
     last = ranks.status();
@@ -70,9 +72,9 @@ Result<std::vector<proto::RankInfo>> Client::wait_for_topology(const std::string
     std::this_thread::sleep_for(std::min(backoff, left));  // retry pacing, not synchronisation
     backoff = std::min(backoff * 2, std::chrono::milliseconds{200});
   }
-  return Status::deadline_exceeded(fmt::format(
-      "topology of engine '{}' dp {} not complete after {} ms; last answer: {}", engine_id,
-      dp_rank, timeout.count(), last.message()));
+  return Status::deadline_exceeded(
+      fmt::format("topology of engine '{}' dp {} not complete after {} ms; last answer: {}",
+                  engine_id, dp_rank, timeout.count(), last.message()));
 }
 
 }  // namespace pdkv::bootstrap

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,9 +26,10 @@ class Client {
   // Retries while the answer is unavailable (ranks still registering, or the
   // service not up yet), with capped backoff, until `timeout`; then
   // deadline_exceeded naming the last answer.
-  Result<std::vector<proto::RankInfo>> wait_for_topology(const std::string& engine_id,
-                                                         uint32_t dp_rank,
-                                                         std::chrono::milliseconds timeout);
+  // `cancelled`, when given, is checked between attempts (engine shutdown).
+  Result<std::vector<proto::RankInfo>> wait_for_topology(
+      const std::string& engine_id, uint32_t dp_rank, std::chrono::milliseconds timeout,
+      const std::function<bool()>& cancelled = {});
 
  private:
   std::string address_;

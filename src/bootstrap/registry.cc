@@ -8,6 +8,7 @@ namespace pdkv::bootstrap {
 namespace {
 
 const char* layout_text(proto::Layout l) { return l == proto::LAYOUT_HND ? "hnd" : "nhd"; }
+const char* role_text(proto::Role r) { return r == proto::ROLE_DECODE ? "decode" : "prefill"; }
 
 std::string rank_name(const proto::RankInfo& r) {
   return fmt::format("{} dp {} tp {} pp {}", r.engine_id(), r.dp_rank(), r.tp_rank(), r.pp_rank());
@@ -17,22 +18,30 @@ std::string rank_name(const proto::RankInfo& r) {
 
 Status check_same_engine(const proto::RankInfo& a, const proto::RankInfo& b) {
   auto differ = [&](const char* field, const auto& mine, const auto& theirs) {
-    return Status::invalid_argument(
-        fmt::format("{} registers {} {} but {} registered {}", rank_name(a), field, mine,
-                    rank_name(b), theirs));
+    return Status::invalid_argument(fmt::format("{} registers {} {} but {} registered {}",
+                                                rank_name(a), field, mine, rank_name(b), theirs));
   };
   const auto &x = a.kv_spec(), &y = b.kv_spec();
   if (x.page_size() != y.page_size()) return differ("page_size", x.page_size(), y.page_size());
-  if (x.dtype_bytes() != y.dtype_bytes()) return differ("dtype_bytes", x.dtype_bytes(), y.dtype_bytes());
+  if (x.dtype_bytes() != y.dtype_bytes())
+    return differ("dtype_bytes", x.dtype_bytes(), y.dtype_bytes());
   if (x.head_dim() != y.head_dim()) return differ("head_dim", x.head_dim(), y.head_dim());
-  if (x.total_heads() != y.total_heads()) return differ("total_heads", x.total_heads(), y.total_heads());
+  if (x.total_heads() != y.total_heads())
+    return differ("total_heads", x.total_heads(), y.total_heads());
   if (x.num_layers() != y.num_layers()) return differ("num_layers", x.num_layers(), y.num_layers());
-  if (x.layout() != y.layout()) return differ("layout", layout_text(x.layout()), layout_text(y.layout()));
+  if (x.layout() != y.layout())
+    return differ("layout", layout_text(x.layout()), layout_text(y.layout()));
   if (x.mla() != y.mla()) return differ("mla", x.mla(), y.mla());
   if (a.backend() != b.backend()) return differ("backend", a.backend(), b.backend());
   if (a.tp_size() != b.tp_size()) return differ("tp_size", a.tp_size(), b.tp_size());
   if (a.pp_size() != b.pp_size()) return differ("pp_size", a.pp_size(), b.pp_size());
   if (a.dp_size() != b.dp_size()) return differ("dp_size", a.dp_size(), b.dp_size());
+  if (a.role() != b.role()) return differ("role", role_text(a.role()), role_text(b.role()));
+  if (a.aux_bytes() != b.aux_bytes()) return differ("aux_bytes", a.aux_bytes(), b.aux_bytes());
+  if (a.state().channels() != b.state().channels())
+    return differ("state channels", a.state().channels(), b.state().channels());
+  if (a.state().channel_bytes() != b.state().channel_bytes())
+    return differ("state channel_bytes", a.state().channel_bytes(), b.state().channel_bytes());
   return Status::ok();
 }
 
@@ -46,10 +55,9 @@ Result<Registry::Registered> Registry::register_rank(const proto::RankInfo& r) {
   if (r.pp_rank() >= r.pp_size()) return out_of("pp", r.pp_rank(), r.pp_size());
   if (r.dp_rank() >= r.dp_size()) return out_of("dp", r.dp_rank(), r.dp_size());
   if (r.layer_count() == 0 || r.layer_first() + r.layer_count() > r.kv_spec().num_layers()) {
-    return Status::invalid_argument(fmt::format("{}: layers [{}, {}) outside the model's {}",
-                                                rank_name(r), r.layer_first(),
-                                                r.layer_first() + r.layer_count(),
-                                                r.kv_spec().num_layers()));
+    return Status::invalid_argument(
+        fmt::format("{}: layers [{}, {}) outside the model's {}", rank_name(r), r.layer_first(),
+                    r.layer_first() + r.layer_count(), r.kv_spec().num_layers()));
   }
   if (r.control_address().empty()) {
     return Status::invalid_argument(fmt::format("{}: no control_address", rank_name(r)));
@@ -65,8 +73,8 @@ Result<Registry::Registered> Registry::register_rank(const proto::RankInfo& r) {
         (other.layer_first() != r.layer_first() || other.layer_count() != r.layer_count())) {
       return Status::invalid_argument(fmt::format(
           "{} registers layers [{}, {}) but {} of the same stage has [{}, {})", rank_name(r),
-          r.layer_first(), r.layer_first() + r.layer_count(), rank_name(other),
-          other.layer_first(), other.layer_first() + other.layer_count()));
+          r.layer_first(), r.layer_first() + r.layer_count(), rank_name(other), other.layer_first(),
+          other.layer_first() + other.layer_count()));
     }
   }
   Registered result;
@@ -81,7 +89,7 @@ Result<std::vector<proto::RankInfo>> Registry::topology(const std::string& engin
   auto group = groups_.find({engine_id, dp_rank});
   if (group == groups_.end() || group->second.empty()) {
     return Status::not_found(
-        fmt::format("no prefill rank of engine '{}' dp {} has registered", engine_id, dp_rank));
+        fmt::format("no rank of engine '{}' dp {} has registered", engine_id, dp_rank));
   }
   const proto::RankInfo& any = group->second.begin()->second;
   const size_t expected = size_t{any.tp_size()} * any.pp_size();
@@ -96,8 +104,9 @@ Result<std::vector<proto::RankInfo>> Registry::topology(const std::string& engin
     if (std::get<1>(key) == 0) stages.push_back({info.layer_first(), info.layer_count()});
   }
   // The stages together must cover the model's layers exactly once.
-  auto layers = AxisSharding::from_ranges(any.kv_spec().num_layers(), stages,
-                                          {"layers", "prefill PP stage"});
+  auto layers =
+      AxisSharding::from_ranges(any.kv_spec().num_layers(), stages,
+                                {"layers", std::string(role_text(any.role())) + " PP stage"});
   if (!layers.is_ok()) {
     return Status::invalid_argument(
         fmt::format("engine '{}' dp {}: {}", engine_id, dp_rank, layers.status().message()));

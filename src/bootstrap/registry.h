@@ -1,4 +1,4 @@
-// The bootstrap service's state: which ranks of which prefill engine have
+// The bootstrap service's state: which ranks of which engine (prefill or decode) have
 // registered, and whether their registrations agree. Pure logic, no gRPC, so
 // that every rule is unit-tested directly.
 //
@@ -31,8 +31,8 @@ class Registry {
                                                 uint32_t dp_rank) const;
 
  private:
-  using GroupKey = std::tuple<std::string, uint32_t>;   // (engine, dp_rank)
-  using RankKey = std::tuple<uint32_t, uint32_t>;       // (pp_rank, tp_rank)
+  using GroupKey = std::tuple<std::string, uint32_t>;  // (engine, dp_rank)
+  using RankKey = std::tuple<uint32_t, uint32_t>;      // (pp_rank, tp_rank)
 
   mutable std::mutex mu_;
   std::map<GroupKey, std::map<RankKey, proto::RankInfo>> groups_;

@@ -22,9 +22,9 @@ class BootstrapService final : public proto::Bootstrap::Service {
     reply->set_replaced(registered->replaced);
     const auto& r = request->rank();
     logger("bootstrap")
-        ->info("{} rank {} dp {} tp {}/{} pp {}/{} at {}", registered->replaced ? "re-registered" : "registered",
-               r.engine_id(), r.dp_rank(), r.tp_rank(), r.tp_size(), r.pp_rank(), r.pp_size(),
-               r.control_address());
+        ->info("{} rank {} dp {} tp {}/{} pp {}/{} at {}",
+               registered->replaced ? "re-registered" : "registered", r.engine_id(), r.dp_rank(),
+               r.tp_rank(), r.tp_size(), r.pp_rank(), r.pp_size(), r.control_address());
     return grpc::Status::OK;
   }
 

@@ -1,6 +1,6 @@
 // The bootstrap service: registry rules directly, then the same over gRPC.
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include "bootstrap/client.h"
 #include "bootstrap/registry.h"
@@ -152,8 +152,8 @@ TEST_F(BootstrapOverGrpc, WaitTimesOutNamingTheLastAnswer) {
 }
 
 TEST_F(BootstrapOverGrpc, OtherProtocolVersionRefused) {
-  auto stub = proto::Bootstrap::NewStub(
-      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  auto stub =
+      proto::Bootstrap::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   proto::TopologyRequest request;
   request.set_protocol_version(99);
   request.set_engine_id("prefill-a");

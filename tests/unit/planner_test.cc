@@ -13,33 +13,13 @@
 #include <vector>
 
 #include "pdkv/plan.h"
+#include "support/kv_oracle.h"
 
 namespace pdkv {
 namespace {
 
-uint8_t element_byte(uint32_t layer, uint32_t kv, uint32_t head, uint64_t token, uint64_t byte) {
-  uint64_t x = (uint64_t{layer} << 48) ^ (uint64_t{kv} << 44) ^ (uint64_t{head} << 32) ^
-               (token << 12) ^ byte;
-  x += 0x9e3779b97f4a7c15ULL;  // splitmix64
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return static_cast<uint8_t>(x ^ (x >> 31));
-}
-
-// What an untouched decode byte holds, distinguishable from element_byte.
-uint8_t untouched_byte(uint32_t rank, uint32_t buffer, uint64_t offset) {
-  return static_cast<uint8_t>(element_byte(rank + 1000, buffer, 4095, offset, 7) ^ 0x5a);
-}
-
-// Oracle: byte offset of (page, slot, local head) in a buffer, by layout.
-uint64_t oracle_offset(const KvSpec& s, uint32_t heads_local, uint64_t page, uint32_t slot,
-                       uint32_t head) {
-  const uint64_t hb = uint64_t{s.head_dim} * s.dtype_bytes;
-  const uint64_t page_base = page * s.page_size * heads_local * hb;
-  if (s.mla || s.layout == Layout::kNhd)
-    return page_base + (uint64_t{slot} * heads_local + head) * hb;
-  return page_base + (uint64_t{head} * s.page_size + slot) * hb;
-}
+using testing::element_byte;
+using testing::untouched_byte;
 
 struct Side {
   uint32_t tp;
@@ -94,24 +74,9 @@ std::vector<Rank> make_ranks(const Case& c, const Side& side, bool prefill) {
   return ranks;
 }
 
-// Calls visit(buffer, offset, expected byte) for every byte a request's
-// pages hold on this rank.
 template <typename F>
 void for_each_element(const Rank& r, const std::vector<uint64_t>& pages, F&& visit) {
-  const KvSpec& s = r.shard.spec;
-  const uint32_t kvs = s.buffers_per_layer();
-  for (uint32_t l = 0; l < r.shard.layers.count; ++l)
-    for (uint32_t kv = 0; kv < kvs; ++kv)
-      for (uint64_t i = 0; i < pages.size(); ++i)
-        for (uint32_t slot = 0; slot < s.page_size; ++slot)
-          for (uint32_t h = 0; h < r.shard.heads.count; ++h) {
-            const uint64_t base = oracle_offset(s, r.shard.heads.count, pages[i], slot, h);
-            for (uint64_t b = 0; b < s.head_bytes(); ++b) {
-              visit(l * kvs + kv, base + b,
-                    element_byte(r.shard.layers.first + l, kv, r.shard.heads.first + h,
-                                 i * s.page_size + slot, b));
-            }
-          }
+  testing::for_each_element(r.shard.spec, r.shard.heads, r.shard.layers, pages, 0, visit);
 }
 
 std::vector<uint64_t> page_list(bool contiguous, uint32_t seed) {

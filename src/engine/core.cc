@@ -1,0 +1,414 @@
+// EngineCore: start-up, shutdown, lookups, the progress thread, peer loss
+// and room bookkeeping shared by both roles. The role-specific halves are
+// prefill_rooms.cc and decode_rooms.cc.
+#include "engine/core.h"
+
+#include <fmt/format.h>
+
+#include <random>
+
+#include "engine/control_service.h"
+#include "grpc_status.h"
+#include "log.h"
+
+namespace pdkv::engine {
+namespace {
+
+constexpr size_t kMaxTombstones = 1 << 20;  // ids of cleared rooms remembered
+
+Status check_pools(const EngineConfig& c, const RankShard& shard, uint32_t local_channels,
+                   const EnginePools& pools) {
+  const uint32_t buffers = shard.layers.count * c.kv.buffers_per_layer();
+  if (pools.kv.size() != buffers) {
+    return Status::invalid_argument(fmt::format(
+        "{} KV buffers given; a rank with {} layers x {} needs {}", pools.kv.size(),
+        shard.layers.count, c.kv.mla ? "latent" : "K+V", buffers));
+  }
+  const uint64_t need = c.kv.num_pages * c.kv.page_bytes(shard.heads.count);
+  for (size_t i = 0; i < pools.kv.size(); ++i) {
+    if (pools.kv[i].base == nullptr || pools.kv[i].length < need) {
+      return Status::invalid_argument(
+          fmt::format("KV buffer {} holds {} bytes; {} pages x {} B need {}", i,
+                      pools.kv[i].length, c.kv.num_pages, c.kv.page_bytes(shard.heads.count), need));
+    }
+  }
+  if (c.aux_bytes > 0 && pools.aux.length < uint64_t{c.aux_slots} * c.aux_bytes) {
+    return Status::invalid_argument(fmt::format("aux region holds {} bytes; {} slots x {} B need {}",
+                                                pools.aux.length, c.aux_slots, c.aux_bytes,
+                                                uint64_t{c.aux_slots} * c.aux_bytes));
+  }
+  const uint64_t state_need = uint64_t{c.state.num_slots} * shard.layers.count * local_channels *
+                              c.state.channel_bytes;
+  if (c.state.channels > 0 && pools.state.length < state_need) {
+    return Status::invalid_argument(fmt::format("state region holds {} bytes; needs {}",
+                                                pools.state.length, state_need));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+EngineCore::EngineCore(EngineConfig config, EnginePools pools)
+    : config_(std::move(config)), pools_(std::move(pools)) {}
+
+Result<std::shared_ptr<EngineCore>> EngineCore::start(EngineConfig config, EnginePools pools) {
+  const EngineConfig& c = config;
+  if (c.engine_id.empty()) return Status::invalid_argument("EngineConfig.engine_id is empty");
+  if (c.bootstrap_address.empty()) {
+    return Status::invalid_argument("EngineConfig.bootstrap_address is empty");
+  }
+  PDKV_RETURN_IF_ERROR(c.kv.validate());
+  auto rank_check = [](const char* what, uint32_t rank, uint32_t size) {
+    return rank < size ? Status::ok()
+                       : Status::invalid_argument(fmt::format("{} rank {} is outside {} size {}",
+                                                              what, rank, what, size));
+  };
+  PDKV_RETURN_IF_ERROR(rank_check("tp", c.tp_rank, c.tp_size));
+  PDKV_RETURN_IF_ERROR(rank_check("pp", c.pp_rank, c.pp_size));
+  PDKV_RETURN_IF_ERROR(rank_check("dp", c.dp_rank, c.dp_size));
+  const char* role = c.role == Role::kPrefill ? "prefill" : "decode";
+  PDKV_ASSIGN_OR_RETURN(auto heads, AxisSharding::even(c.kv.total_heads, c.tp_size,
+                                                       {"KV heads", fmt::format("{} TP", role)}));
+  UnitRange layers;
+  if (c.layers) {
+    layers = *c.layers;
+    if (layers.count == 0 || layers.end() > c.kv.num_layers) {
+      return Status::invalid_argument(fmt::format("layers [{}, {}) outside the model's {}",
+                                                  layers.first, layers.end(), c.kv.num_layers));
+    }
+  } else {
+    PDKV_ASSIGN_OR_RETURN(auto axis, AxisSharding::even(c.kv.num_layers, c.pp_size,
+                                                        {"layers", fmt::format("{} PP", role)}));
+    if (c.pp_size > c.kv.num_layers) {
+      return Status::invalid_argument(
+          fmt::format("{} PP {} exceeds the model's {} layers", role, c.pp_size, c.kv.num_layers));
+    }
+    layers = axis.owned(c.pp_rank).value();
+  }
+  uint32_t local_channels = 0;
+  if (c.state.channels > 0) {
+    PDKV_ASSIGN_OR_RETURN(auto chan, AxisSharding::even(c.state.channels, c.tp_size,
+                                                        {"state channels", fmt::format("{} TP", role)}));
+    local_channels = chan.owned(c.tp_rank).value().count;
+  }
+  if (c.aux_bytes > 0 && c.aux_slots == 0) {
+    return Status::invalid_argument(fmt::format("aux_bytes {} with 0 aux slots", c.aux_bytes));
+  }
+  const RankShard shard{c.kv, heads.owned(c.tp_rank).value(), layers};
+  PDKV_RETURN_IF_ERROR(check_pools(c, shard, local_channels, pools));
+  PDKV_ASSIGN_OR_RETURN(auto transport, create_transport(c.backend, c.transport_options));
+
+  std::shared_ptr<EngineCore> core(new EngineCore(std::move(config), std::move(pools)));
+  core->shard_ = shard;
+  core->local_channels_ = local_channels;
+  PDKV_RETURN_IF_ERROR(core->init(std::move(transport)));
+  return core;
+}
+
+Status EngineCore::init(std::unique_ptr<Transport> transport) {
+  transport_ = std::move(transport);
+  for (const MemoryRegion& region : pools_.kv) {
+    PDKV_ASSIGN_OR_RETURN(RegionKey key, transport_->register_region(region));
+    kv_keys_.push_back(key);
+  }
+  if (config_.aux_bytes > 0) {
+    PDKV_ASSIGN_OR_RETURN(aux_key_, transport_->register_region(pools_.aux));
+  }
+  if (config_.state.channels > 0) {
+    PDKV_ASSIGN_OR_RETURN(state_key_, transport_->register_region(pools_.state));
+  }
+  transport_->set_peer_failure_callback(
+      [this](PeerId peer, const Status& reason) { on_transport_peer_failed(peer, reason); });
+
+  service_ = make_control_service(this);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config_.control_host + ":0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service_.get());
+  configure_keepalive(builder, config_.timeouts.keepalive);
+  server_ = builder.BuildAndStart();
+  if (!server_ || port == 0) {
+    return Status::unavailable(
+        fmt::format("cannot start the control service on {}", config_.control_host));
+  }
+
+  std::random_device rd;
+  self_.set_engine_id(config_.engine_id);
+  self_.set_dp_rank(config_.dp_rank);
+  self_.set_dp_size(config_.dp_size);
+  self_.set_tp_rank(config_.tp_rank);
+  self_.set_tp_size(config_.tp_size);
+  self_.set_pp_rank(config_.pp_rank);
+  self_.set_pp_size(config_.pp_size);
+  self_.set_layer_first(shard_.layers.first);
+  self_.set_layer_count(shard_.layers.count);
+  kv_spec_to_proto(config_.kv, self_.mutable_kv_spec());
+  self_.set_backend(config_.backend);
+  self_.set_control_address(fmt::format("{}:{}", config_.control_host, port));
+  self_.set_transport_descriptor(transport_->descriptor());
+  self_.set_incarnation((uint64_t{rd()} << 32) ^ rd());
+  self_.set_role(config_.role == Role::kPrefill ? proto::ROLE_PREFILL : proto::ROLE_DECODE);
+  self_.set_aux_bytes(config_.aux_bytes);
+  self_.set_aux_slots(config_.aux_slots);
+  self_.mutable_state()->set_channels(config_.state.channels);
+  self_.mutable_state()->set_channel_bytes(config_.state.channel_bytes);
+  self_.mutable_state()->set_num_slots(config_.state.num_slots);
+  self_.set_kv_region_first(kv_keys_.empty() ? 0 : kv_keys_.front());
+  self_.set_aux_region(aux_key_);
+  self_.set_state_region(state_key_);
+
+  links_ = std::make_unique<PeerLinks>(
+      self_ref(), config_.timeouts.keepalive,
+      [this](const std::string& key, const Status& reason) { on_peer_lost(key, reason); });
+  worker_ = std::thread([this] { run(); });
+
+  bootstrap_ = std::make_unique<bootstrap::Client>(config_.bootstrap_address);
+  auto registered = bootstrap_->register_rank(self_, config_.timeouts.bootstrap);
+  if (!registered.is_ok()) {
+    shutdown();
+    return registered.status();
+  }
+  logger("engine")->info("{} up: control {}, backend {}", describe(self_),
+                         self_.control_address(), config_.backend);
+  return Status::ok();
+}
+
+EngineCore::~EngineCore() { shutdown(); }
+
+void EngineCore::shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    const Status reason = Status::aborted(fmt::format("engine {} shut down", describe(self_)));
+    for (auto& [id, room] : prefill_rooms_) fail_prefill(*room, reason);
+    for (auto& [id, room] : decode_rooms_) fail_decode(*room, reason);
+  }
+  wake();
+  // The progress thread runs the failure notices it was handed, then stops.
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake();
+  if (worker_.joinable()) worker_.join();
+  // Cancels what is still open (peers' Watch streams among it) at once.
+  if (server_) server_->Shutdown(std::chrono::system_clock::now());
+  if (links_) links_->stop_all();
+  for (auto& t : lookups_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+proto::RankRef EngineCore::self_ref() const {
+  proto::RankRef ref;
+  ref.set_engine_id(self_.engine_id());
+  ref.set_dp_rank(self_.dp_rank());
+  ref.set_tp_rank(self_.tp_rank());
+  ref.set_pp_rank(self_.pp_rank());
+  ref.set_incarnation(self_.incarnation());
+  return ref;
+}
+
+std::shared_ptr<PeerLink> EngineCore::link_to(const proto::RankInfo& peer) {
+  return links_->get(peer.control_address(), peer.incarnation(), describe(peer));
+}
+
+PeerEngine& EngineCore::peer_engine(const EngineKey& key) {
+  auto [it, created] = peers_.try_emplace(key);
+  PeerEngine& peer = it->second;
+  if (created || peer.lookup == PeerEngine::Lookup::kFailed) {
+    peer = PeerEngine{};
+    if (!stopping_) lookups_.emplace_back([this, key] { lookup(key); });
+  }
+  return peer;
+}
+
+void EngineCore::lookup(EngineKey key) {
+  auto cancelled = [this] {
+    std::lock_guard lock(mu_);
+    return stopping_;
+  };
+  const auto timeout = config_.timeouts.bootstrap;
+  auto theirs = bootstrap_->wait_for_topology(key.first, key.second, timeout, cancelled);
+  Result<std::vector<proto::RankInfo>> ours = Status::internal("not looked up");
+  if (theirs.is_ok()) {
+    ours = bootstrap_->wait_for_topology(config_.engine_id, config_.dp_rank, timeout, cancelled);
+  }
+  PeerEngine result;
+  if (!theirs.is_ok() || !ours.is_ok()) {
+    result.lookup = PeerEngine::Lookup::kFailed;
+    result.error = !theirs.is_ok() ? theirs.status() : ours.status();
+  } else {
+    Topology peer{std::move(theirs).value()}, self{std::move(ours).value()};
+    const bool peer_is_decode = peer.ranks.front().role() == proto::ROLE_DECODE;
+    const bool i_am_prefill = config_.role == Role::kPrefill;
+    if (peer_is_decode != i_am_prefill) {
+      result.lookup = PeerEngine::Lookup::kFailed;
+      result.error = Status::invalid_argument(fmt::format(
+          "engine '{}' is a {} engine, but a {} rank needs a {} engine", key.first,
+          peer_is_decode ? "decode" : "prefill", i_am_prefill ? "prefill" : "decode",
+          i_am_prefill ? "decode" : "prefill"));
+    } else {
+      auto links = i_am_prefill ? compute_links(self, peer) : compute_links(peer, self);
+      if (links.is_ok()) {
+        result.lookup = PeerEngine::Lookup::kReady;
+        result.topology = std::move(peer);
+        result.links = std::move(links).value();
+      } else {
+        result.lookup = PeerEngine::Lookup::kFailed;
+        result.error = links.status().with_context(
+            fmt::format("{} cannot exchange KV with engine '{}'", config_.engine_id, key.first));
+      }
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    peers_[key] = std::move(result);
+  }
+  wake();
+}
+
+void EngineCore::run() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    bool busy = false;
+    for (auto& [id, room] : prefill_rooms_) progress_prefill(*room, busy);
+    for (auto it = draining_.begin(); it != draining_.end();) {
+      bool pending = false;
+      for (auto& [key, dest] : (*it)->destinations) {
+        drain(dest);
+        pending |= !dest.in_flight.empty();
+      }
+      busy |= pending;
+      it = pending ? std::next(it) : draining_.erase(it);
+    }
+    for (auto& [id, room] : decode_rooms_) progress_decode(*room);
+    if (!deferred_.empty()) {
+      std::vector<Action> actions;
+      actions.swap(deferred_);
+      lock.unlock();
+      for (Action& action : actions) action();
+      lock.lock();
+      continue;
+    }
+    if (stopping_) break;
+    // Batches in flight are polled often; otherwise sleep until the nearest
+    // deadline (or a wake-up from an API call, a message or a lookup).
+    auto until = Clock::now() + (busy ? std::chrono::microseconds(100) : std::chrono::seconds(1));
+    for (auto& [id, room] : prefill_rooms_) until = std::min(until, room->deadline);
+    for (auto& [id, room] : decode_rooms_) until = std::min(until, room->deadline);
+    cv_.wait_until(lock, until);
+  }
+}
+
+void EngineCore::drain(Destination& dest) {
+  for (auto it = dest.in_flight.begin(); it != dest.in_flight.end();) {
+    const BatchStatus st = transport_->poll(*it);
+    it = st.state == BatchState::kInProgress ? std::next(it) : dest.in_flight.erase(it);
+  }
+  if (dest.in_flight.empty()) cv_.notify_all();  // an abort may be waiting for this
+}
+
+void EngineCore::on_peer_lost(const std::string& key, const Status& reason) {
+  std::optional<PeerId> transport_peer;
+  {
+    std::lock_guard lock(mu_);
+    logger("engine")->warn("{}", reason.message());
+    auto key_of = [](const proto::RankInfo& r) {
+      return PeerLinks::key_of(r.control_address(), r.incarnation());
+    };
+    for (auto& [id, room] : prefill_rooms_) {
+      for (auto& [k, dest] : room->destinations) {
+        if (key_of(dest.rank) == key) fail_prefill(*room, reason);
+      }
+    }
+    for (auto& [id, room] : decode_rooms_) {
+      for (auto& [k, source] : room->sources) {
+        if (key_of(source.rank) == key) fail_decode(*room, reason);
+      }
+    }
+    // A restarted peer registers a new incarnation: look its engine up afresh.
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      bool stale = false;
+      for (const auto& r : it->second.topology.ranks) stale |= key_of(r) == key;
+      it = stale ? peers_.erase(it) : std::next(it);
+    }
+    auto tp = transport_peers_.find(key);
+    if (tp != transport_peers_.end()) transport_peer = tp->second;
+  }
+  // Outside mu_: the transport may call back into on_transport_peer_failed.
+  if (transport_peer) transport_->fail_peer(*transport_peer, reason);
+  wake();
+}
+
+void EngineCore::on_transport_peer_failed(PeerId peer, const Status& reason) {
+  std::string key;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [k, p] : transport_peers_) {
+      if (p == peer) key = k;
+    }
+  }
+  if (key.empty()) return;
+  std::lock_guard lock(mu_);
+  const Status why = Status::unavailable(fmt::format("transport lost peer {}: {}", key,
+                                                     reason.message()));
+  for (auto& [id, room] : prefill_rooms_) {
+    for (auto& [k, dest] : room->destinations) {
+      if (PeerLinks::key_of(dest.rank.control_address(), dest.rank.incarnation()) == key) {
+        fail_prefill(*room, why);
+      }
+    }
+  }
+  wake();
+}
+
+PollState EngineCore::poll(RoomId room) const {
+  std::lock_guard lock(mu_);
+  if (auto it = prefill_rooms_.find(room); it != prefill_rooms_.end()) return it->second->state.state();
+  if (auto it = decode_rooms_.find(room); it != decode_rooms_.end()) return it->second->state.state();
+  return PollState::kFailed;
+}
+
+Status EngineCore::failure(RoomId room) const {
+  std::lock_guard lock(mu_);
+  if (auto it = prefill_rooms_.find(room); it != prefill_rooms_.end()) return it->second->state.failure();
+  if (auto it = decode_rooms_.find(room); it != decode_rooms_.end()) return it->second->state.failure();
+  return Status::not_found(fmt::format("room {} is not open", room));
+}
+
+void EngineCore::bury(RoomId room) {
+  if (tombstones_.insert(room).second) tombstone_order_.push_back(room);
+  while (tombstone_order_.size() > kMaxTombstones) {
+    tombstones_.erase(tombstone_order_.front());
+    tombstone_order_.pop_front();
+  }
+}
+
+void EngineCore::close_room(RoomId id) {
+  std::lock_guard lock(mu_);
+  if (auto it = prefill_rooms_.find(id); it != prefill_rooms_.end()) {
+    PrefillRoom& room = *it->second;
+    fail_prefill(room, Status::aborted(fmt::format("room {} closed by its sender", id)));
+    bool in_flight = false;
+    for (auto& [k, dest] : room.destinations) in_flight |= !dest.in_flight.empty();
+    if (in_flight) draining_.push_back(std::move(it->second));
+    prefill_rooms_.erase(it);
+  }
+  if (auto it = decode_rooms_.find(id); it != decode_rooms_.end()) {
+    fail_decode(*it->second, Status::aborted(fmt::format("room {} closed by its receiver", id)));
+    decode_rooms_.erase(it);
+  }
+  bury(id);
+  wake();
+}
+
+PrefillRoom* EngineCore::find_prefill(RoomId id) {
+  if (auto it = prefill_rooms_.find(id); it != prefill_rooms_.end()) return it->second.get();
+  for (auto& room : draining_) {
+    if (room->id == id) return room.get();
+  }
+  return nullptr;
+}
+
+}  // namespace pdkv::engine

@@ -1,0 +1,192 @@
+// The engine's machinery behind Engine, Sender and Receiver: rooms, the
+// progress thread, topology lookups and control traffic. One instance per
+// rank; every public method may be called from any thread.
+//
+// Locking: one mutex (mu_) guards every room and cache. Nothing blocking
+// (gRPC calls, bootstrap lookups) runs under it: the progress thread
+// collects such work as Actions under the lock and runs them after
+// releasing it.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "bootstrap/client.h"
+#include "engine/peer_links.h"
+#include "engine/routing.h"
+#include "pdkv.grpc.pb.h"
+#include "pdkv/engine.h"
+#include "pdkv/plan.h"
+
+namespace pdkv::engine {
+
+using Clock = std::chrono::steady_clock;
+using Action = std::function<void()>;
+
+// The peer engine of a room, as looked up in the bootstrap service.
+struct PeerEngine {
+  enum class Lookup { kPending, kReady, kFailed } lookup = Lookup::kPending;
+  Topology topology;
+  std::vector<Link> links;  // every link between the prefill and the decode engine
+  Status error;
+};
+
+// One decode rank a prefill room writes to.
+struct Destination {
+  Link link;
+  proto::RankInfo rank;  // the decode rank, from its engine's topology
+  std::optional<proto::TransferInfo> info;
+  std::optional<PeerId> peer;  // transport connection
+  uint64_t pages_written = 0;
+  bool extras_written = false;  // aux and state
+  std::vector<BatchId> in_flight;
+  bool reported = false;        // Status(Success) acknowledged by the decode rank
+  bool report_pending = false;
+  bool aborted = false;         // the decode rank aborted: no new writes
+};
+
+struct PrefillRoom {
+  RoomId id = 0;
+  RoomState state;
+  std::string decode_engine;
+  uint32_t decode_dp = 0;
+  bool has_sender = false;  // false while only early metadata created it
+  std::map<RankKey, Destination> destinations;
+  bool initialized = false;
+  uint64_t num_pages = 0;
+  uint32_t aux_slot = 0;
+  std::vector<uint32_t> state_slots;
+  std::vector<uint64_t> pages;  // every page sent so far, request order
+  bool last = false;
+  bool failure_reported = false;
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+struct Source {
+  Link link;
+  proto::RankInfo rank;
+  bool info_sent = false;
+  bool info_pending = false;
+  bool reported = false;
+};
+
+struct DecodeRoom {
+  RoomId id = 0;
+  RoomState state;
+  std::string prefill_engine;
+  uint32_t prefill_dp = 0;
+  bool init_called = false;
+  std::map<RankKey, Source> sources;
+  std::optional<proto::TransferInfo> metadata;  // set by send_metadata
+  bool aborts_sent = false;
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+class EngineCore : public std::enable_shared_from_this<EngineCore> {
+ public:
+  static Result<std::shared_ptr<EngineCore>> start(EngineConfig config, EnginePools pools);
+  ~EngineCore();
+  void shutdown();
+
+  const EngineConfig& config() const { return config_; }
+  std::string control_address() const { return self_.control_address(); }
+
+  // Sender
+  Status open_prefill_room(RoomId room, const std::string& decode_engine, uint32_t dp);
+  Status prefill_init(RoomId room, uint64_t num_pages, uint32_t aux_slot,
+                      std::vector<uint32_t> state_slots);
+  Status prefill_send(RoomId room, std::span<const uint64_t> pages, bool is_last);
+  void prefill_abort(RoomId room, const std::string& reason);
+  // Receiver
+  Status open_decode_room(RoomId room, const std::string& prefill_engine, uint32_t dp);
+  Status decode_init(RoomId room);
+  Status decode_send_metadata(RoomId room, std::span<const uint64_t> pages, uint32_t aux_slot,
+                              std::vector<uint32_t> state_slots);
+  Status decode_abort(RoomId room, const std::string& reason);
+  // Both
+  PollState poll(RoomId room) const;
+  Status failure(RoomId room) const;
+  void close_room(RoomId room);
+
+  // Control service (gRPC threads)
+  Status on_transfer_info(const proto::TransferInfo& info);
+  Status on_room_status(const proto::RoomStatus& status);
+  Status on_abort(const proto::AbortRequest& request);
+
+ private:
+  EngineCore(EngineConfig config, EnginePools pools);
+  Status init(std::unique_ptr<Transport> transport);
+
+  // Lookups
+  using EngineKey = std::pair<std::string, uint32_t>;
+  PeerEngine& peer_engine(const EngineKey& key);  // starts a lookup if needed (mu_ held)
+  void lookup(EngineKey key);
+
+  // Progress thread
+  void run();
+  void progress_prefill(PrefillRoom& room, bool& busy);
+  void progress_decode(DecodeRoom& room);
+  void bind_prefill_room(PrefillRoom& room, const PeerEngine& peer);
+  void bind_decode_room(DecodeRoom& room, const PeerEngine& peer);
+  Status accept_info(PrefillRoom& room, const proto::TransferInfo& info);
+  Status post_writes(PrefillRoom& room, Destination& dest);
+  void fail_prefill(PrefillRoom& room, const Status& reason);
+  void fail_decode(DecodeRoom& room, const Status& reason);
+  void on_peer_lost(const std::string& key, const Status& reason);
+  void on_transport_peer_failed(PeerId peer, const Status& reason);
+  void wake() { cv_.notify_all(); }
+  void drain(Destination& dest);
+
+  // Control calls to peers
+  std::shared_ptr<PeerLink> link_to(const proto::RankInfo& peer);
+  Action report_action(RoomId room, const proto::RankInfo& dest, const Status& outcome);
+  Action info_action(RoomId room, const proto::RankInfo& source, const proto::TransferInfo& info);
+  // Sends AbortRoom and waits for the acknowledgement; the error names the source.
+  Status send_abort(RoomId room, const proto::RankInfo& source, const std::string& reason);
+  PrefillRoom* find_prefill(RoomId room);  // open or draining
+  proto::RankRef self_ref() const;
+  bool closed_before(RoomId room) const { return tombstones_.count(room) > 0; }
+  void bury(RoomId room);
+
+  EngineConfig config_;
+  EnginePools pools_;
+  proto::RankInfo self_;
+  RankShard shard_;
+  uint32_t local_channels_ = 0;
+  std::unique_ptr<Transport> transport_;
+  std::vector<RegionKey> kv_keys_;
+  RegionKey aux_key_ = 0, state_key_ = 0;
+  Planner planner_;
+  std::unique_ptr<bootstrap::Client> bootstrap_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<PeerLinks> links_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::vector<Action> deferred_;  // run by the progress thread without mu_
+  std::map<EngineKey, PeerEngine> peers_;
+  std::map<RoomId, std::unique_ptr<PrefillRoom>> prefill_rooms_;
+  std::map<RoomId, std::unique_ptr<DecodeRoom>> decode_rooms_;
+  std::vector<std::unique_ptr<PrefillRoom>> draining_;  // closed, batches still in flight
+  std::unordered_set<RoomId> tombstones_;
+  std::deque<RoomId> tombstone_order_;
+  std::map<std::string, PeerId> transport_peers_;  // by peer link key
+  std::vector<std::thread> lookups_;
+  std::thread worker_;
+};
+
+}  // namespace pdkv::engine

@@ -1,0 +1,113 @@
+#include "engine/peer_links.h"
+
+#include <fmt/format.h>
+#include <grpcpp/grpcpp.h>
+
+#include "grpc_status.h"
+#include "log.h"
+
+namespace pdkv::engine {
+
+PeerLink::PeerLink(std::string key, std::string address, std::string name,
+                   std::chrono::milliseconds keepalive)
+    : key_(std::move(key)), address_(std::move(address)), name_(std::move(name)) {
+  grpc::ChannelArguments args;
+  const int ms = static_cast<int>(keepalive.count());
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // A private connection per link: a peer's death must not be hidden behind,
+  // or leak into, a subchannel shared with another link.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  stub_ = proto::Control::NewStub(channel_);
+}
+
+PeerLink::~PeerLink() { stop(); }
+
+Status PeerLink::alive() const {
+  std::lock_guard lock(mu_);
+  return lost_reason_;
+}
+
+void PeerLink::watch(const proto::RankRef& self, std::function<void(const Status&)> lost) {
+  watcher_ = std::thread([this, self, lost = std::move(lost)] {
+    auto stream = stub_->Watch(&watch_ctx_);
+    proto::Heartbeat hello;
+    hello.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+    *hello.mutable_from() = self;
+    proto::Heartbeat ignored;
+    if (stream->Write(hello)) {
+      while (stream->Read(&ignored)) {
+      }
+    }
+    const grpc::Status s = stream->Finish();
+    if (stopping_) return;
+    const Status reason = Status::unavailable(fmt::format(
+        "control connection to {} lost: {}", name_,
+        s.ok() ? "the peer closed it" : s.error_message()));
+    {
+      std::lock_guard lock(mu_);
+      lost_reason_ = reason;
+    }
+    lost(reason);
+  });
+}
+
+void PeerLink::stop() {
+  stopping_ = true;
+  watch_ctx_.TryCancel();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void PeerLink::prepare(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) const {
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+}
+
+PeerLinks::PeerLinks(proto::RankRef self, std::chrono::milliseconds keepalive,
+                     std::function<void(const std::string&, const Status&)> on_lost)
+    : self_(std::move(self)), keepalive_(keepalive), on_lost_(std::move(on_lost)) {}
+
+PeerLinks::~PeerLinks() { stop_all(); }
+
+std::string PeerLinks::key_of(const std::string& address, uint64_t incarnation) {
+  return fmt::format("{}#{}", address, incarnation);
+}
+
+std::shared_ptr<PeerLink> PeerLinks::get(const std::string& address, uint64_t incarnation,
+                                         const std::string& name) {
+  const std::string key = key_of(address, incarnation);
+  std::lock_guard lock(mu_);
+  auto& link = links_[key];
+  if (!link) {
+    link = std::make_shared<PeerLink>(key, address, fmt::format("{} ({})", name, address),
+                                      keepalive_);
+    if (!stopped_) {
+      link->watch(self_, [this, key](const Status& reason) { on_lost_(key, reason); });
+    }
+  }
+  return link;
+}
+
+void PeerLinks::stop_all() {
+  std::map<std::string, std::shared_ptr<PeerLink>> links;
+  {
+    std::lock_guard lock(mu_);
+    stopped_ = true;
+    links.swap(links_);
+  }
+  for (auto& [key, link] : links) link->stop();
+}
+
+void configure_keepalive(grpc::ServerBuilder& builder, std::chrono::milliseconds keepalive) {
+  const int ms = static_cast<int>(keepalive.count());
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             std::max(1, ms / 2));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+}  // namespace pdkv::engine

@@ -1,0 +1,193 @@
+#include "support/cluster.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "support/kv_oracle.h"
+
+namespace pdkv::testing {
+namespace {
+
+MemoryRegion region(std::vector<std::byte>& bytes) {
+  return {bytes.data(), bytes.size(), MemoryKind::kHost, 0};
+}
+
+struct RankGeometry {
+  UnitRange heads, layers, channels;
+};
+
+RankGeometry geometry(const KvSpec& kv, const StateSpec& st, uint32_t tp, uint32_t tp_size,
+                      uint32_t pp, uint32_t pp_size) {
+  RankGeometry g;
+  g.heads = AxisSharding::even(kv.total_heads, tp_size).value().owned(tp).value();
+  g.layers = AxisSharding::even(kv.num_layers, pp_size).value().owned(pp).value();
+  if (st.channels > 0) g.channels = AxisSharding::even(st.channels, tp_size).value().owned(tp).value();
+  return g;
+}
+
+RankMemory allocate(const KvSpec& kv, const ClusterSpec& c, const RankGeometry& g) {
+  RankMemory m;
+  const uint64_t bytes = kv.num_pages * kv.page_bytes(g.heads.count);
+  m.kv.assign(g.layers.count * kv.buffers_per_layer(), std::vector<std::byte>(bytes));
+  m.aux.resize(std::max<uint64_t>(1, uint64_t{c.aux_slots} * c.aux_bytes));
+  m.state.resize(std::max<uint64_t>(1, uint64_t{c.state.num_slots} * g.layers.count *
+                                           g.channels.count * c.state.channel_bytes));
+  return m;
+}
+
+}  // namespace
+
+EnginePools RankMemory::pools() {
+  EnginePools p;
+  for (auto& b : kv) p.kv.push_back(region(b));
+  p.aux = region(aux);
+  p.state = region(state);
+  return p;
+}
+
+uint8_t Cluster::aux_byte(uint64_t room, uint64_t i) { return mix_byte((room << 20) ^ i ^ 0xa0a0); }
+
+uint8_t Cluster::state_byte(uint32_t layer, uint32_t channel, uint64_t byte, uint64_t room) {
+  return mix_byte((uint64_t{layer} << 40) ^ (uint64_t{channel} << 20) ^ byte ^ (room << 52) ^ 0x5757);
+}
+
+std::unique_ptr<Cluster> Cluster::start(const ClusterSpec& spec) {
+  auto c = std::unique_ptr<Cluster>(new Cluster);
+  c->spec_ = spec;
+  auto server = BootstrapServer::start("127.0.0.1:0");
+  EXPECT_TRUE(server.is_ok()) << server.status().to_string();
+  if (!server.is_ok()) return nullptr;
+  c->bootstrap_ = std::move(server).value();
+  for (int side = 0; side < 2; ++side) {
+    const bool prefill = side == 0;
+    const uint32_t tp_size = prefill ? spec.prefill_tp : spec.decode_tp;
+    const uint32_t pp_size = prefill ? spec.prefill_pp : spec.decode_pp;
+    KvSpec kv = spec.kv;
+    if (!prefill) kv.layout = spec.decode_layout;
+    for (uint32_t pp = 0; pp < pp_size; ++pp) {
+      for (uint32_t tp = 0; tp < tp_size; ++tp) {
+        EngineConfig cfg;
+        cfg.role = prefill ? Role::kPrefill : Role::kDecode;
+        cfg.engine_id = prefill ? spec.prefill_id : spec.decode_id;
+        cfg.tp_rank = tp;
+        cfg.tp_size = tp_size;
+        cfg.pp_rank = pp;
+        cfg.pp_size = pp_size;
+        cfg.kv = kv;
+        cfg.aux_bytes = spec.aux_bytes;
+        cfg.aux_slots = spec.aux_bytes > 0 ? spec.aux_slots : 0;
+        cfg.state = spec.state;
+        cfg.backend = "loopback";
+        cfg.bootstrap_address = c->bootstrap_address();
+        cfg.timeouts = spec.timeouts;
+        auto& memory = prefill ? c->prefill_memory : c->decode_memory;
+        memory.push_back(allocate(kv, spec, geometry(kv, spec.state, tp, tp_size, pp, pp_size)));
+        auto engine = Engine::create(cfg, memory.back().pools());
+        EXPECT_TRUE(engine.is_ok()) << engine.status().to_string();
+        if (!engine.is_ok()) return nullptr;
+        (prefill ? c->prefill : c->decode).push_back(std::move(engine).value());
+      }
+    }
+  }
+  return c;
+}
+
+Cluster::~Cluster() {
+  // Engines stop before the memory they registered goes away.
+  decode.clear();
+  prefill.clear();
+}
+
+std::string Cluster::bootstrap_address() const {
+  return fmt::format("127.0.0.1:{}", bootstrap_->port());
+}
+
+void Cluster::fill(uint64_t room, const std::vector<uint64_t>& pages, uint32_t aux_slot,
+                   const std::vector<uint32_t>& state_slots) {
+  for (size_t r = 0; r < prefill.size(); ++r) {
+    const auto& cfg = prefill[r]->config();
+    const auto g = geometry(cfg.kv, cfg.state, cfg.tp_rank, cfg.tp_size, cfg.pp_rank, cfg.pp_size);
+    RankMemory& m = prefill_memory[r];
+    for_each_element(cfg.kv, g.heads, g.layers, pages, room,
+                     [&](uint32_t buf, uint64_t off, uint8_t v) { m.kv[buf][off] = std::byte{v}; });
+    for (uint64_t i = 0; i < spec_.aux_bytes; ++i) {
+      m.aux[aux_slot * spec_.aux_bytes + i] = std::byte{aux_byte(room, i)};
+    }
+    const uint64_t cb = spec_.state.channel_bytes;
+    for (size_t s = 0; s < state_slots.size(); ++s)
+      for (uint32_t l = 0; l < g.layers.count; ++l)
+        for (uint32_t ch = 0; ch < g.channels.count; ++ch)
+          for (uint64_t b = 0; b < cb; ++b) {
+            const uint64_t off =
+                ((uint64_t{state_slots[s]} * g.layers.count + l) * g.channels.count + ch) * cb + b;
+            m.state[off] =
+                std::byte{state_byte(g.layers.first + l, g.channels.first + ch, b, room + s)};
+          }
+  }
+  for (size_t r = 0; r < decode.size(); ++r) {
+    RankMemory& m = decode_memory[r];
+    for (size_t b = 0; b < m.kv.size(); ++b)
+      for (uint64_t o = 0; o < m.kv[b].size(); ++o)
+        m.kv[b][o] = std::byte{untouched_byte(uint32_t(r), uint32_t(b), o)};
+    for (uint64_t o = 0; o < m.aux.size(); ++o) m.aux[o] = std::byte{untouched_byte(uint32_t(r), 900, o)};
+    for (uint64_t o = 0; o < m.state.size(); ++o)
+      m.state[o] = std::byte{untouched_byte(uint32_t(r), 901, o)};
+  }
+}
+
+std::string Cluster::verify(uint64_t room, const std::vector<uint64_t>& pages, uint32_t aux_slot,
+                            const std::vector<uint32_t>& state_slots) const {
+  for (size_t r = 0; r < decode.size(); ++r) {
+    const auto& cfg = decode[r]->config();
+    const auto g = geometry(cfg.kv, cfg.state, cfg.tp_rank, cfg.tp_size, cfg.pp_rank, cfg.pp_size);
+    const RankMemory& m = decode_memory[r];
+    std::vector<std::vector<uint8_t>> expected(m.kv.size());
+    for (size_t b = 0; b < m.kv.size(); ++b) {
+      expected[b].resize(m.kv[b].size());
+      for (uint64_t o = 0; o < expected[b].size(); ++o) {
+        expected[b][o] = untouched_byte(uint32_t(r), uint32_t(b), o);
+      }
+    }
+    for_each_element(cfg.kv, g.heads, g.layers, pages, room,
+                     [&](uint32_t buf, uint64_t off, uint8_t v) { expected[buf][off] = v; });
+    for (size_t b = 0; b < m.kv.size(); ++b) {
+      for (uint64_t o = 0; o < expected[b].size(); ++o) {
+        if (std::to_integer<uint8_t>(m.kv[b][o]) != expected[b][o]) {
+          return fmt::format("decode rank {} (tp {} pp {}) KV buffer {} byte {}: {} != expected {}",
+                             r, cfg.tp_rank, cfg.pp_rank, b, o, std::to_integer<int>(m.kv[b][o]),
+                             expected[b][o]);
+        }
+      }
+    }
+    const bool gets_aux = spec_.aux_bytes > 0;
+    for (uint64_t o = 0; o < m.aux.size(); ++o) {
+      const bool in_slot = gets_aux && o / spec_.aux_bytes == aux_slot;
+      const uint8_t want =
+          in_slot ? aux_byte(room, o % spec_.aux_bytes) : untouched_byte(uint32_t(r), 900, o);
+      if (std::to_integer<uint8_t>(m.aux[o]) != want) {
+        return fmt::format("decode rank {} aux byte {}: {} != expected {}", r, o,
+                           std::to_integer<int>(m.aux[o]), want);
+      }
+    }
+    std::vector<uint8_t> state(m.state.size());
+    for (uint64_t o = 0; o < state.size(); ++o) state[o] = untouched_byte(uint32_t(r), 901, o);
+    const uint64_t cb = spec_.state.channel_bytes;
+    for (size_t s = 0; s < state_slots.size(); ++s)
+      for (uint32_t l = 0; l < g.layers.count; ++l)
+        for (uint32_t ch = 0; ch < g.channels.count; ++ch)
+          for (uint64_t b = 0; b < cb; ++b) {
+            const uint64_t off =
+                ((uint64_t{state_slots[s]} * g.layers.count + l) * g.channels.count + ch) * cb + b;
+            state[off] = state_byte(g.layers.first + l, g.channels.first + ch, b, room + s);
+          }
+    for (uint64_t o = 0; o < state.size(); ++o) {
+      if (std::to_integer<uint8_t>(m.state[o]) != state[o]) {
+        return fmt::format("decode rank {} state byte {}: {} != expected {}", r, o,
+                           std::to_integer<int>(m.state[o]), state[o]);
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace pdkv::testing

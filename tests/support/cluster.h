@@ -1,0 +1,76 @@
+// Several engines in one process over the test-only loopback transport, with
+// their pools, for protocol tests: a bootstrap service, P prefill ranks and D
+// decode ranks, filled and checked through the independent oracle.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pdkv/bootstrap.h"
+#include "pdkv/engine.h"
+
+namespace pdkv::testing {
+
+struct ClusterSpec {
+  KvSpec kv{8, 4, 2, 4, 4, 16, Layout::kNhd, false};  // small: 8 heads x 8 B, 4 tokens/page
+  Layout decode_layout = Layout::kNhd;
+  uint32_t prefill_tp = 1, prefill_pp = 1;
+  uint32_t decode_tp = 1, decode_pp = 1;
+  uint32_t aux_bytes = 0, aux_slots = 4;
+  StateSpec state;
+  Timeouts timeouts;
+  std::string prefill_id = "prefill", decode_id = "decode";
+};
+
+struct RankMemory {
+  std::vector<std::vector<std::byte>> kv;
+  std::vector<std::byte> aux, state;
+  EnginePools pools();
+};
+
+class Cluster {
+ public:
+  // Starts everything; fails the calling test on any error.
+  static std::unique_ptr<Cluster> start(const ClusterSpec& spec);
+  ~Cluster();
+
+  const ClusterSpec& spec() const { return spec_; }
+  std::string bootstrap_address() const;
+  // Ranks ordered by (pp, tp).
+  std::vector<std::unique_ptr<Engine>> prefill, decode;
+  std::vector<RankMemory> prefill_memory, decode_memory;
+
+  // Writes the room's element values into every prefill rank's `pages` (and
+  // aux slot / state slots), and the untouched pattern into every decode pool.
+  void fill(uint64_t room, const std::vector<uint64_t>& prefill_pages, uint32_t aux_slot,
+            const std::vector<uint32_t>& state_slots);
+  // Checks every byte of every decode pool: element values in `pages`, aux
+  // and state slots where the room put them, untouched elsewhere. Returns
+  // the first difference, or "" when all is right.
+  std::string verify(uint64_t room, const std::vector<uint64_t>& decode_pages, uint32_t aux_slot,
+                     const std::vector<uint32_t>& state_slots) const;
+
+  static uint8_t aux_byte(uint64_t room, uint64_t i);
+  static uint8_t state_byte(uint32_t layer, uint32_t channel, uint64_t byte, uint64_t room);
+
+ private:
+  ClusterSpec spec_;
+  std::unique_ptr<BootstrapServer> bootstrap_;
+};
+
+// Polls `done` until it holds or `limit` passes; the API's own poll() model,
+// not a sleep standing in for synchronisation. Returns whether it held.
+template <typename Pred>
+bool poll_until(Pred done, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
+}  // namespace pdkv::testing
