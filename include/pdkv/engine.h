@@ -133,7 +133,8 @@ class Sender {
 
  private:
   friend class Engine;
-  Sender(std::shared_ptr<engine::EngineCore> core, RoomId room) : core_(std::move(core)), room_(room) {}
+  Sender(std::shared_ptr<engine::EngineCore> core, RoomId room)
+      : core_(std::move(core)), room_(room) {}
   std::shared_ptr<engine::EngineCore> core_;
   RoomId room_;
 };

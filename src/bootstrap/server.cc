@@ -58,6 +58,8 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const std::strin
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
   builder.RegisterService(&impl->service);
+  // No SO_REUSEPORT: two services must never share a port (see configure_server).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   impl->server = builder.BuildAndStart();
   if (!impl->server || impl->port == 0) {
     return Status::unavailable(fmt::format("bootstrap cannot listen on '{}'", address));

@@ -30,8 +30,9 @@ class ControlService final : public proto::Control::Service {
 
   // The peer keeps this stream open for as long as it has business with us;
   // both ends learn of the other's death when it breaks.
-  grpc::Status Watch(grpc::ServerContext*,
-                     grpc::ServerReaderWriter<proto::Heartbeat, proto::Heartbeat>* stream) override {
+  grpc::Status Watch(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<proto::Heartbeat, proto::Heartbeat>* stream) override {
     proto::Heartbeat hello;
     if (!stream->Read(&hello)) return grpc::Status::OK;
     PDKV_GRPC_CHECK(check_protocol_version(hello.protocol_version()));

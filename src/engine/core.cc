@@ -20,28 +20,28 @@ Status check_pools(const EngineConfig& c, const RankShard& shard, uint32_t local
                    const EnginePools& pools) {
   const uint32_t buffers = shard.layers.count * c.kv.buffers_per_layer();
   if (pools.kv.size() != buffers) {
-    return Status::invalid_argument(fmt::format(
-        "{} KV buffers given; a rank with {} layers x {} needs {}", pools.kv.size(),
-        shard.layers.count, c.kv.mla ? "latent" : "K+V", buffers));
+    return Status::invalid_argument(
+        fmt::format("{} KV buffers given; a rank with {} layers x {} needs {}", pools.kv.size(),
+                    shard.layers.count, c.kv.mla ? "latent" : "K+V", buffers));
   }
   const uint64_t need = c.kv.num_pages * c.kv.page_bytes(shard.heads.count);
   for (size_t i = 0; i < pools.kv.size(); ++i) {
     if (pools.kv[i].base == nullptr || pools.kv[i].length < need) {
       return Status::invalid_argument(
-          fmt::format("KV buffer {} holds {} bytes; {} pages x {} B need {}", i,
-                      pools.kv[i].length, c.kv.num_pages, c.kv.page_bytes(shard.heads.count), need));
+          fmt::format("KV buffer {} holds {} bytes; {} pages x {} B need {}", i, pools.kv[i].length,
+                      c.kv.num_pages, c.kv.page_bytes(shard.heads.count), need));
     }
   }
   if (c.aux_bytes > 0 && pools.aux.length < uint64_t{c.aux_slots} * c.aux_bytes) {
-    return Status::invalid_argument(fmt::format("aux region holds {} bytes; {} slots x {} B need {}",
-                                                pools.aux.length, c.aux_slots, c.aux_bytes,
-                                                uint64_t{c.aux_slots} * c.aux_bytes));
+    return Status::invalid_argument(
+        fmt::format("aux region holds {} bytes; {} slots x {} B need {}", pools.aux.length,
+                    c.aux_slots, c.aux_bytes, uint64_t{c.aux_slots} * c.aux_bytes));
   }
-  const uint64_t state_need = uint64_t{c.state.num_slots} * shard.layers.count * local_channels *
-                              c.state.channel_bytes;
+  const uint64_t state_need =
+      uint64_t{c.state.num_slots} * shard.layers.count * local_channels * c.state.channel_bytes;
   if (c.state.channels > 0 && pools.state.length < state_need) {
-    return Status::invalid_argument(fmt::format("state region holds {} bytes; needs {}",
-                                                pools.state.length, state_need));
+    return Status::invalid_argument(
+        fmt::format("state region holds {} bytes; needs {}", pools.state.length, state_need));
   }
   return Status::ok();
 }
@@ -87,8 +87,9 @@ Result<std::shared_ptr<EngineCore>> EngineCore::start(EngineConfig config, Engin
   }
   uint32_t local_channels = 0;
   if (c.state.channels > 0) {
-    PDKV_ASSIGN_OR_RETURN(auto chan, AxisSharding::even(c.state.channels, c.tp_size,
-                                                        {"state channels", fmt::format("{} TP", role)}));
+    PDKV_ASSIGN_OR_RETURN(auto chan,
+                          AxisSharding::even(c.state.channels, c.tp_size,
+                                             {"state channels", fmt::format("{} TP", role)}));
     local_channels = chan.owned(c.tp_rank).value().count;
   }
   if (c.aux_bytes > 0 && c.aux_slots == 0) {
@@ -125,7 +126,7 @@ Status EngineCore::init(std::unique_ptr<Transport> transport) {
   int port = 0;
   builder.AddListeningPort(config_.control_host + ":0", grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(service_.get());
-  configure_keepalive(builder, config_.timeouts.keepalive);
+  configure_server(builder, config_.timeouts.keepalive);
   server_ = builder.BuildAndStart();
   if (!server_ || port == 0) {
     return Status::unavailable(
@@ -161,6 +162,9 @@ Status EngineCore::init(std::unique_ptr<Transport> transport) {
       self_ref(), config_.timeouts.keepalive,
       [this](const std::string& key, const Status& reason) { on_peer_lost(key, reason); });
   worker_ = std::thread([this] { run(); });
+  // Control calls block on peers: a few threads, so one slow peer does not
+  // hold up every room.
+  for (int i = 0; i < 4; ++i) action_threads_.emplace_back([this] { run_actions(); });
 
   bootstrap_ = std::make_unique<bootstrap::Client>(config_.bootstrap_address);
   auto registered = bootstrap_->register_rank(self_, config_.timeouts.bootstrap);
@@ -168,8 +172,8 @@ Status EngineCore::init(std::unique_ptr<Transport> transport) {
     shutdown();
     return registered.status();
   }
-  logger("engine")->info("{} up: control {}, backend {}", describe(self_),
-                         self_.control_address(), config_.backend);
+  logger("engine")->info("{} up: control {}, backend {}", describe(self_), self_.control_address(),
+                         config_.backend);
   return Status::ok();
 }
 
@@ -191,6 +195,10 @@ void EngineCore::shutdown() {
   }
   wake();
   if (worker_.joinable()) worker_.join();
+  actions_cv_.notify_all();
+  for (auto& t : action_threads_) {
+    if (t.joinable()) t.join();  // after running the failure notices still queued
+  }
   // Cancels what is still open (peers' Watch streams among it) at once.
   if (server_) server_->Shutdown(std::chrono::system_clock::now());
   if (links_) links_->stop_all();
@@ -244,10 +252,10 @@ void EngineCore::lookup(EngineKey key) {
     const bool i_am_prefill = config_.role == Role::kPrefill;
     if (peer_is_decode != i_am_prefill) {
       result.lookup = PeerEngine::Lookup::kFailed;
-      result.error = Status::invalid_argument(fmt::format(
-          "engine '{}' is a {} engine, but a {} rank needs a {} engine", key.first,
-          peer_is_decode ? "decode" : "prefill", i_am_prefill ? "prefill" : "decode",
-          i_am_prefill ? "decode" : "prefill"));
+      result.error = Status::invalid_argument(
+          fmt::format("engine '{}' is a {} engine, but a {} rank needs a {} engine", key.first,
+                      peer_is_decode ? "decode" : "prefill", i_am_prefill ? "prefill" : "decode",
+                      i_am_prefill ? "decode" : "prefill"));
     } else {
       auto links = i_am_prefill ? compute_links(self, peer) : compute_links(peer, self);
       if (links.is_ok()) {
@@ -272,7 +280,15 @@ void EngineCore::run() {
   std::unique_lock lock(mu_);
   while (true) {
     bool busy = false;
-    for (auto& [id, room] : prefill_rooms_) progress_prefill(*room, busy);
+    for (auto it = prefill_rooms_.begin(); it != prefill_rooms_.end();) {
+      progress_prefill(*it->second, busy);
+      if (it->second->expired) {
+        bury(it->first);
+        it = prefill_rooms_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     for (auto it = draining_.begin(); it != draining_.end();) {
       bool pending = false;
       for (auto& [key, dest] : (*it)->destinations) {
@@ -284,12 +300,9 @@ void EngineCore::run() {
     }
     for (auto& [id, room] : decode_rooms_) progress_decode(*room);
     if (!deferred_.empty()) {
-      std::vector<Action> actions;
-      actions.swap(deferred_);
-      lock.unlock();
-      for (Action& action : actions) action();
-      lock.lock();
-      continue;
+      for (Action& action : deferred_) actions_.push_back(std::move(action));
+      deferred_.clear();
+      actions_cv_.notify_all();
     }
     if (stopping_) break;
     // Batches in flight are polled often; otherwise sleep until the nearest
@@ -299,6 +312,31 @@ void EngineCore::run() {
     for (auto& [id, room] : decode_rooms_) until = std::min(until, room->deadline);
     cv_.wait_until(lock, until);
   }
+}
+
+void EngineCore::run_actions() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    actions_cv_.wait(lock, [this] { return stopping_ || !actions_.empty(); });
+    if (actions_.empty()) return;  // stopping, and nothing left to tell peers
+    Action action = std::move(actions_.front());
+    actions_.pop_front();
+    lock.unlock();
+    action();
+    lock.lock();
+  }
+}
+
+const PeerEngine* EngineCore::await_peer(std::unique_lock<std::mutex>& lock, const EngineKey& key) {
+  peer_engine(key);
+  cv_.wait_for(lock, config_.timeouts.bootstrap, [&] {
+    auto p = peers_.find(key);
+    return stopping_ || p == peers_.end() || p->second.lookup != PeerEngine::Lookup::kPending;
+  });
+  auto p = peers_.find(key);
+  if (stopping_ || p == peers_.end() || p->second.lookup != PeerEngine::Lookup::kReady)
+    return nullptr;
+  return &p->second;
 }
 
 void EngineCore::drain(Destination& dest) {
@@ -351,8 +389,8 @@ void EngineCore::on_transport_peer_failed(PeerId peer, const Status& reason) {
   }
   if (key.empty()) return;
   std::lock_guard lock(mu_);
-  const Status why = Status::unavailable(fmt::format("transport lost peer {}: {}", key,
-                                                     reason.message()));
+  const Status why =
+      Status::unavailable(fmt::format("transport lost peer {}: {}", key, reason.message()));
   for (auto& [id, room] : prefill_rooms_) {
     for (auto& [k, dest] : room->destinations) {
       if (PeerLinks::key_of(dest.rank.control_address(), dest.rank.incarnation()) == key) {
@@ -365,15 +403,19 @@ void EngineCore::on_transport_peer_failed(PeerId peer, const Status& reason) {
 
 PollState EngineCore::poll(RoomId room) const {
   std::lock_guard lock(mu_);
-  if (auto it = prefill_rooms_.find(room); it != prefill_rooms_.end()) return it->second->state.state();
-  if (auto it = decode_rooms_.find(room); it != decode_rooms_.end()) return it->second->state.state();
+  if (auto it = prefill_rooms_.find(room); it != prefill_rooms_.end())
+    return it->second->state.state();
+  if (auto it = decode_rooms_.find(room); it != decode_rooms_.end())
+    return it->second->state.state();
   return PollState::kFailed;
 }
 
 Status EngineCore::failure(RoomId room) const {
   std::lock_guard lock(mu_);
-  if (auto it = prefill_rooms_.find(room); it != prefill_rooms_.end()) return it->second->state.failure();
-  if (auto it = decode_rooms_.find(room); it != decode_rooms_.end()) return it->second->state.failure();
+  if (auto it = prefill_rooms_.find(room); it != prefill_rooms_.end())
+    return it->second->state.failure();
+  if (auto it = decode_rooms_.find(room); it != decode_rooms_.end())
+    return it->second->state.failure();
   return Status::not_found(fmt::format("room {} is not open", room));
 }
 

@@ -52,9 +52,9 @@ struct Destination {
   uint64_t pages_written = 0;
   bool extras_written = false;  // aux and state
   std::vector<BatchId> in_flight;
-  bool reported = false;        // Status(Success) acknowledged by the decode rank
+  bool reported = false;  // Status(Success) acknowledged by the decode rank
   bool report_pending = false;
-  bool aborted = false;         // the decode rank aborted: no new writes
+  bool aborted = false;  // the decode rank aborted: no new writes
 };
 
 struct PrefillRoom {
@@ -70,7 +70,7 @@ struct PrefillRoom {
   std::vector<uint32_t> state_slots;
   std::vector<uint64_t> pages;  // every page sent so far, request order
   bool last = false;
-  bool failure_reported = false;
+  bool expired = false;  // a room no Sender opened, past its deadline: to be dropped
   Clock::time_point deadline = Clock::time_point::max();
 };
 
@@ -90,7 +90,6 @@ struct DecodeRoom {
   bool init_called = false;
   std::map<RankKey, Source> sources;
   std::optional<proto::TransferInfo> metadata;  // set by send_metadata
-  bool aborts_sent = false;
   Clock::time_point deadline = Clock::time_point::max();
 };
 
@@ -147,6 +146,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void on_peer_lost(const std::string& key, const Status& reason);
   void on_transport_peer_failed(PeerId peer, const Status& reason);
   void wake() { cv_.notify_all(); }
+  void run_actions();  // an action thread: control calls to peers, never under mu_
+  // Waits (mu_ held through `lock`) until the lookup of `key` has ended; null
+  // unless it succeeded.
+  const PeerEngine* await_peer(std::unique_lock<std::mutex>& lock, const EngineKey& key);
   void drain(Destination& dest);
 
   // Control calls to peers
@@ -177,7 +180,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
-  std::vector<Action> deferred_;  // run by the progress thread without mu_
+  std::vector<Action> deferred_;  // collected under mu_, handed to the action threads
+  std::deque<Action> actions_;    // control calls waiting for an action thread
+  std::condition_variable actions_cv_;
+  std::vector<std::thread> action_threads_;
   std::map<EngineKey, PeerEngine> peers_;
   std::map<RoomId, std::unique_ptr<PrefillRoom>> prefill_rooms_;
   std::map<RoomId, std::unique_ptr<DecodeRoom>> decode_rooms_;

@@ -35,9 +35,9 @@ Status EngineCore::decode_init(RoomId id) {
   auto it = decode_rooms_.find(id);
   if (it == decode_rooms_.end()) return Status::not_found(fmt::format("room {} is not open", id));
   DecodeRoom& room = *it->second;
-  if (room.init_called) return Status::failed_precondition(fmt::format("room {}: init() twice", id));
+  if (room.init_called)
+    return Status::failed_precondition(fmt::format("room {}: init() twice", id));
   room.init_called = true;
-  room.deadline = Clock::now() + config_.timeouts.bootstrap;
   peer_engine({room.prefill_engine, room.prefill_dp});
   wake();
   return Status::ok();
@@ -60,9 +60,10 @@ Status EngineCore::decode_send_metadata(RoomId id, std::span<const uint64_t> pag
   std::vector<bool> seen(config_.kv.num_pages);
   for (size_t i = 0; i < pages.size(); ++i) {
     if (pages[i] >= config_.kv.num_pages) {
-      return Status::out_of_range(fmt::format("room {}: page list entry {} is page {}, but this "
-                                              "pool has {} pages",
-                                              id, i, pages[i], config_.kv.num_pages));
+      return Status::out_of_range(
+          fmt::format("room {}: page list entry {} is page {}, but this "
+                      "pool has {} pages",
+                      id, i, pages[i], config_.kv.num_pages));
     }
     if (seen[pages[i]]) {
       return Status::invalid_argument(fmt::format("room {}: page {} listed twice", id, pages[i]));
@@ -141,13 +142,13 @@ void EngineCore::progress_decode(DecodeRoom& room) {
       if (s.reported) continue;
       missing += (missing.empty() ? "" : ", ") + describe(s.rank);
     }
-    fail_decode(room, Status::deadline_exceeded(
-                          room.metadata
-                              ? fmt::format("room {}: [{}] did not report within {} ms", room.id,
-                                            missing, config_.timeouts.waiting_for_data.count())
-                              : fmt::format("room {}: prefill engine '{}' not found within {} ms",
-                                            room.id, room.prefill_engine,
-                                            config_.timeouts.bootstrap.count())));
+    fail_decode(
+        room, Status::deadline_exceeded(
+                  room.metadata
+                      ? fmt::format("room {}: [{}] did not report within {} ms", room.id, missing,
+                                    config_.timeouts.waiting_for_data.count())
+                      : fmt::format("room {}: prefill engine '{}' not found within {} ms", room.id,
+                                    room.prefill_engine, config_.timeouts.bootstrap.count())));
   }
 }
 
@@ -155,15 +156,10 @@ Action EngineCore::info_action(RoomId id, const proto::RankInfo& source,
                                const proto::TransferInfo& info) {
   return [this, id, source, info] {
     auto link = link_to(source);
-    grpc::Status s;
-    if (!link->alive().is_ok()) {
-      s = to_grpc(link->alive());
-    } else {
-      proto::ControlReply reply;
-      grpc::ClientContext ctx;
-      link->prepare(ctx, kControlCallTimeout);
-      s = link->stub().SendTransferInfo(&ctx, info, &reply);
-    }
+    proto::ControlReply reply;
+    const grpc::Status s = link->call(kControlCallTimeout, [&](grpc::ClientContext& ctx) {
+      return link->stub().SendTransferInfo(&ctx, info, &reply);
+    });
     std::lock_guard lock(mu_);
     auto it = decode_rooms_.find(id);
     if (it == decode_rooms_.end()) return;
@@ -183,9 +179,9 @@ Action EngineCore::info_action(RoomId id, const proto::RankInfo& source,
 void EngineCore::fail_decode(DecodeRoom& room, const Status& reason) {
   if (!room.state.fail(reason)) return;
   logger("engine")->warn("room {} failed: {}", room.id, reason.message());
-  // Sources that have our page list must stop writing into pages we will reuse.
+  // Every source is told: those with our page list must stop writing into
+  // pages we will reuse, the others must not wait for metadata.
   for (auto& [key, source] : room.sources) {
-    if (!source.info_sent && !source.info_pending) continue;
     deferred_.push_back([this, id = room.id, rank = source.rank, why = reason.message()] {
       (void)send_abort(id, rank, why);
     });
@@ -195,14 +191,20 @@ void EngineCore::fail_decode(DecodeRoom& room, const Status& reason) {
 Status EngineCore::decode_abort(RoomId id, const std::string& reason) {
   std::vector<proto::RankInfo> sources;
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     auto it = decode_rooms_.find(id);
     if (it == decode_rooms_.end()) return Status::not_found(fmt::format("room {} is not open", id));
     DecodeRoom& room = *it->second;
-    room.state.fail(Status::aborted(fmt::format("{} aborted room {}: {}", describe(self_), id, reason)));
-    for (auto& [key, source] : room.sources) {
-      if (source.info_sent || source.info_pending) sources.push_back(source.rank);
+    room.state.fail(
+        Status::aborted(fmt::format("{} aborted room {}: {}", describe(self_), id, reason)));
+    if (room.init_called && room.sources.empty()) {
+      // Every source must hear of it, so the map is needed: wait for the lookup.
+      const PeerEngine* peer = await_peer(lock, {room.prefill_engine, room.prefill_dp});
+      it = decode_rooms_.find(id);
+      if (it == decode_rooms_.end()) return Status::ok();  // closed meanwhile
+      if (peer != nullptr && it->second->sources.empty()) bind_decode_room(*it->second, *peer);
     }
+    for (auto& [key, source] : it->second->sources) sources.push_back(source.rank);
     wake();
   }
   std::string unanswered;
@@ -226,9 +228,9 @@ Status EngineCore::send_abort(RoomId id, const proto::RankInfo& source, const st
   *request.mutable_decode() = self_ref();
   request.set_reason(reason);
   proto::ControlReply reply;
-  grpc::ClientContext ctx;
-  link->prepare(ctx, config_.timeouts.transfer + kControlCallTimeout);
-  const grpc::Status s = link->stub().AbortRoom(&ctx, request, &reply);
+  const grpc::Status s = link->call(
+      config_.timeouts.transfer + kControlCallTimeout,
+      [&](grpc::ClientContext& ctx) { return link->stub().AbortRoom(&ctx, request, &reply); });
   if (!s.ok() && link->alive().is_ok()) {
     return from_grpc(s, fmt::format("{}", describe(source)));
   }
@@ -253,9 +255,9 @@ Status EngineCore::on_room_status(const proto::RoomStatus& status) {
   auto source = room.sources.find({from.tp_rank(), from.pp_rank()});
   if (source == room.sources.end() || from.engine_id() != room.prefill_engine ||
       from.incarnation() != source->second.rank.incarnation()) {
-    return Status::invalid_argument(fmt::format(
-        "room {}: {} dp {} tp {} pp {} is not a source of {}", id, from.engine_id(),
-        from.dp_rank(), from.tp_rank(), from.pp_rank(), describe(self_)));
+    return Status::invalid_argument(
+        fmt::format("room {}: {} dp {} tp {} pp {} is not a source of {}", id, from.engine_id(),
+                    from.dp_rank(), from.tp_rank(), from.pp_rank(), describe(self_)));
   }
   if (status.success()) {
     source->second.reported = true;

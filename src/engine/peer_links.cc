@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+
 #include "grpc_status.h"
 #include "log.h"
 
@@ -20,6 +22,11 @@ PeerLink::PeerLink(std::string key, std::string address, std::string name,
   // A private connection per link: a peer's death must not be hidden behind,
   // or leak into, a subchannel shared with another link.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Reconnect quickly: a transient connect error must be retried well inside
+  // the keepalive window, in which an unreachable peer is declared lost.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(100, ms / 4));
   channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
   stub_ = proto::Control::NewStub(channel_);
 }
@@ -31,8 +38,24 @@ Status PeerLink::alive() const {
   return lost_reason_;
 }
 
-void PeerLink::watch(const proto::RankRef& self, std::function<void(const Status&)> lost) {
-  watcher_ = std::thread([this, self, lost = std::move(lost)] {
+void PeerLink::watch(const proto::RankRef& self, std::chrono::milliseconds keepalive,
+                     std::function<void(const Status&)> lost) {
+  watcher_ = std::thread([this, self, keepalive, lost = std::move(lost)] {
+    // First the connection, retried for one keepalive window: a peer that
+    // cannot be reached in that time is as dead as one whose stream broke.
+    const bool connected = channel_->WaitForConnected(std::chrono::system_clock::now() + keepalive);
+    if (stopping_) return;
+    if (!connected) {
+      const Status reason = Status::unavailable(fmt::format(
+          "control connection to {} lost: cannot connect within {} ms", name_, keepalive.count()));
+      {
+        std::lock_guard lock(mu_);
+        lost_reason_ = reason;
+        cancel_calls();
+      }
+      lost(reason);
+      return;
+    }
     auto stream = stub_->Watch(&watch_ctx_);
     proto::Heartbeat hello;
     hello.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
@@ -44,25 +67,30 @@ void PeerLink::watch(const proto::RankRef& self, std::function<void(const Status
     }
     const grpc::Status s = stream->Finish();
     if (stopping_) return;
-    const Status reason = Status::unavailable(fmt::format(
-        "control connection to {} lost: {}", name_,
-        s.ok() ? "the peer closed it" : s.error_message()));
+    const Status reason =
+        Status::unavailable(fmt::format("control connection to {} lost: {}", name_,
+                                        s.ok() ? "the peer closed it" : s.error_message()));
     {
       std::lock_guard lock(mu_);
       lost_reason_ = reason;
+      cancel_calls();
     }
     lost(reason);
   });
 }
 
 void PeerLink::stop() {
-  stopping_ = true;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    cancel_calls();
+  }
   watch_ctx_.TryCancel();
   if (watcher_.joinable()) watcher_.join();
 }
 
-void PeerLink::prepare(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) const {
-  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+void PeerLink::cancel_calls() {
+  for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
 }
 
 PeerLinks::PeerLinks(proto::RankRef self, std::chrono::milliseconds keepalive,
@@ -81,10 +109,10 @@ std::shared_ptr<PeerLink> PeerLinks::get(const std::string& address, uint64_t in
   std::lock_guard lock(mu_);
   auto& link = links_[key];
   if (!link) {
-    link = std::make_shared<PeerLink>(key, address, fmt::format("{} ({})", name, address),
-                                      keepalive_);
+    link =
+        std::make_shared<PeerLink>(key, address, fmt::format("{} ({})", name, address), keepalive_);
     if (!stopped_) {
-      link->watch(self_, [this, key](const Status& reason) { on_lost_(key, reason); });
+      link->watch(self_, keepalive_, [this, key](const Status& reason) { on_lost_(key, reason); });
     }
   }
   return link;
@@ -100,7 +128,10 @@ void PeerLinks::stop_all() {
   for (auto& [key, link] : links) link->stop();
 }
 
-void configure_keepalive(grpc::ServerBuilder& builder, std::chrono::milliseconds keepalive) {
+void configure_server(grpc::ServerBuilder& builder, std::chrono::milliseconds keepalive) {
+  // gRPC sets SO_REUSEPORT by default: then binding port 0 can hand two
+  // processes the same port, and the kernel splits connections between them.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const int ms = static_cast<int>(keepalive.count());
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -33,20 +34,42 @@ class PeerLink {
   // Ok while the peer is alive; afterwards the reason it was declared lost.
   Status alive() const;
 
-  // Opens the Watch stream; `lost` runs once, on the link's thread, if it ends
-  // for any reason other than stop().
-  void watch(const proto::RankRef& self, std::function<void(const Status&)> lost);
+  // Connects (retrying for up to `keepalive`) and opens the Watch stream;
+  // `lost` runs once, on the link's thread, if either fails for any reason
+  // other than stop().
+  void watch(const proto::RankRef& self, std::chrono::milliseconds keepalive,
+             std::function<void(const Status&)> lost);
   void stop();
 
-  // A context for one unary call: deadline and, for a lost peer, nothing.
-  void prepare(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) const;
+  // Runs one unary call `rpc(ctx)` with a deadline, riding out reconnects;
+  // refused at once for a lost link, and cancelled if the link is lost (or
+  // stopped) while the call waits.
+  template <typename Rpc>
+  grpc::Status call(std::chrono::milliseconds timeout, Rpc&& rpc) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    ctx.set_wait_for_ready(true);
+    {
+      std::lock_guard lock(mu_);
+      if (!lost_reason_.is_ok()) return {grpc::StatusCode::UNAVAILABLE, lost_reason_.message()};
+      if (stopping_) return {grpc::StatusCode::CANCELLED, "link stopped"};
+      calls_.insert(&ctx);
+    }
+    grpc::Status status = rpc(ctx);
+    std::lock_guard lock(mu_);
+    calls_.erase(&ctx);
+    return status;
+  }
 
  private:
   const std::string key_, address_, name_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::Control::Stub> stub_;
+  void cancel_calls();  // mu_ held
+
   mutable std::mutex mu_;
   Status lost_reason_;
+  std::set<grpc::ClientContext*> calls_;  // unary calls in flight
   grpc::ClientContext watch_ctx_;
   std::thread watcher_;
   std::atomic<bool> stopping_{false};
@@ -73,8 +96,9 @@ class PeerLinks {
   bool stopped_ = false;
 };
 
-// Server-side channel arguments matching the links' keepalive (gRPC refuses
-// pings more frequent than the server allows: both ends are set together).
-void configure_keepalive(grpc::ServerBuilder& builder, std::chrono::milliseconds keepalive);
+// Server-side channel arguments: keepalive matching the links' (gRPC refuses
+// pings more frequent than the server allows, so both ends are set together),
+// and a port of its own (no SO_REUSEPORT).
+void configure_server(grpc::ServerBuilder& builder, std::chrono::milliseconds keepalive);
 
 }  // namespace pdkv::engine

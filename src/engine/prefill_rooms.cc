@@ -15,7 +15,8 @@ constexpr auto kControlCallTimeout = std::chrono::seconds(5);
 
 RankKey key_of(const proto::RankRef& r) { return {r.tp_rank(), r.pp_rank()}; }
 
-std::string names_of(const std::map<RankKey, Destination>& dests, bool (*pick)(const Destination&)) {
+std::string names_of(const std::map<RankKey, Destination>& dests,
+                     bool (*pick)(const Destination&)) {
   std::string out;
   for (const auto& [key, d] : dests) {
     if (!pick(d)) continue;
@@ -40,9 +41,9 @@ Status EngineCore::open_prefill_room(RoomId id, const std::string& decode_engine
     return Status::already_exists(fmt::format("room {} already has a sender", id));
   }
   if (slot && (slot->decode_engine != decode_engine || slot->decode_dp != dp)) {
-    return Status::invalid_argument(fmt::format(
-        "room {} is bound for engine '{}' dp {}, but its metadata came from '{}' dp {}", id,
-        decode_engine, dp, slot->decode_engine, slot->decode_dp));
+    return Status::invalid_argument(
+        fmt::format("room {} is bound for engine '{}' dp {}, but its metadata came from '{}' dp {}",
+                    id, decode_engine, dp, slot->decode_engine, slot->decode_dp));
   }
   if (!slot) {
     slot = std::make_unique<PrefillRoom>();
@@ -63,7 +64,8 @@ Status EngineCore::prefill_init(RoomId id, uint64_t num_pages, uint32_t aux_slot
   auto it = prefill_rooms_.find(id);
   if (it == prefill_rooms_.end()) return Status::not_found(fmt::format("room {} is not open", id));
   PrefillRoom& room = *it->second;
-  if (room.initialized) return Status::failed_precondition(fmt::format("room {}: init() twice", id));
+  if (room.initialized)
+    return Status::failed_precondition(fmt::format("room {}: init() twice", id));
   if (num_pages == 0) return Status::invalid_argument(fmt::format("room {}: 0 pages", id));
   if (config_.aux_bytes > 0 && aux_slot >= config_.aux_slots) {
     return Status::out_of_range(
@@ -85,10 +87,11 @@ Status EngineCore::prefill_init(RoomId id, uint64_t num_pages, uint32_t aux_slot
     if (!dest.info) continue;
     if (uint64_t(dest.info->dst_pages_size()) != num_pages ||
         size_t(dest.info->state_slots_size()) != room.state_slots.size()) {
-      fail_prefill(room, Status::invalid_argument(fmt::format(
-                             "room {}: {} offers {} pages and {} state slots, prefill sends {} and {}",
-                             id, describe(dest.rank), dest.info->dst_pages_size(),
-                             dest.info->state_slots_size(), num_pages, room.state_slots.size())));
+      fail_prefill(
+          room, Status::invalid_argument(fmt::format(
+                    "room {}: {} offers {} pages and {} state slots, prefill sends {} and {}", id,
+                    describe(dest.rank), dest.info->dst_pages_size(), dest.info->state_slots_size(),
+                    num_pages, room.state_slots.size())));
       break;
     }
   }
@@ -101,18 +104,20 @@ Status EngineCore::prefill_send(RoomId id, std::span<const uint64_t> pages, bool
   auto it = prefill_rooms_.find(id);
   if (it == prefill_rooms_.end()) return Status::not_found(fmt::format("room {} is not open", id));
   PrefillRoom& room = *it->second;
-  if (!room.initialized) return Status::failed_precondition(fmt::format("room {}: send() before init()", id));
+  if (!room.initialized)
+    return Status::failed_precondition(fmt::format("room {}: send() before init()", id));
   if (room.state.state() == PollState::kFailed) return room.state.failure();
-  if (room.last) return Status::failed_precondition(fmt::format("room {}: send() after the last chunk", id));
+  if (room.last)
+    return Status::failed_precondition(fmt::format("room {}: send() after the last chunk", id));
   const uint64_t total = room.pages.size() + pages.size();
   if (total > room.num_pages) {
     return Status::invalid_argument(fmt::format(
         "room {}: chunks add up to {} pages but init() announced {}", id, total, room.num_pages));
   }
   if (is_last && total != room.num_pages) {
-    return Status::invalid_argument(fmt::format(
-        "room {}: the last chunk ends at {} pages but init() announced {}", id, total,
-        room.num_pages));
+    return Status::invalid_argument(
+        fmt::format("room {}: the last chunk ends at {} pages but init() announced {}", id, total,
+                    room.num_pages));
   }
   for (uint64_t p : pages) {
     if (p >= config_.kv.num_pages) {
@@ -148,9 +153,9 @@ void EngineCore::bind_prefill_room(PrefillRoom& room, const PeerEngine& peer) {
 
 Status EngineCore::on_transfer_info(const proto::TransferInfo& info) {
   const RoomId id = info.room();
-  const std::string who = fmt::format("{} dp {} tp {} pp {}", info.decode().engine_id(),
-                                      info.decode().dp_rank(), info.decode().tp_rank(),
-                                      info.decode().pp_rank());
+  const std::string who =
+      fmt::format("{} dp {} tp {} pp {}", info.decode().engine_id(), info.decode().dp_rank(),
+                  info.decode().tp_rank(), info.decode().pp_rank());
   if (config_.role != Role::kPrefill) {
     return Status::failed_precondition(fmt::format("{} is a decode rank", describe(self_)));
   }
@@ -158,48 +163,50 @@ Status EngineCore::on_transfer_info(const proto::TransferInfo& info) {
   if (closed_before(id)) {
     return Status::failed_precondition(fmt::format("room {} is closed on {}", id, describe(self_)));
   }
-  const EngineKey engine{info.decode().engine_id(), info.decode().dp_rank()};
-  peer_engine(engine);
   // Metadata names a decode engine this rank may not have looked up yet.
-  const bool found = cv_.wait_for(lock, config_.timeouts.bootstrap, [&] {
+  const EngineKey engine{info.decode().engine_id(), info.decode().dp_rank()};
+  const PeerEngine* found = await_peer(lock, engine);
+  if (found == nullptr) {
     auto p = peers_.find(engine);
-    return stopping_ || p == peers_.end() || p->second.lookup != PeerEngine::Lookup::kPending;
-  });
-  auto p = peers_.find(engine);
-  if (!found || p == peers_.end() || stopping_) {
+    if (p != peers_.end() && p->second.lookup == PeerEngine::Lookup::kFailed)
+      return p->second.error;
     return Status::unavailable(fmt::format("room {}: engine '{}' not known yet", id, engine.first));
   }
-  if (p->second.lookup == PeerEngine::Lookup::kFailed) return p->second.error;
-  const PeerEngine& peer = p->second;
+  const PeerEngine& peer = *found;
 
-  auto& slot = prefill_rooms_[id];
-  if (!slot) {
-    // Metadata may come before the Sender: keep it, for a while.
-    slot = std::make_unique<PrefillRoom>();
-    slot->id = id;
-    slot->decode_engine = engine.first;
-    slot->decode_dp = engine.second;
-    slot->deadline = Clock::now() + config_.timeouts.waiting_for_data;
-  } else if (slot->decode_engine != engine.first || slot->decode_dp != engine.second) {
-    return Status::invalid_argument(fmt::format(
-        "room {} is bound for engine '{}' dp {}, not {}", id, slot->decode_engine,
-        slot->decode_dp, who));
+  // Metadata may come before the Sender: then it opens the room, for a while.
+  // A room is only created for metadata that is accepted.
+  std::unique_ptr<PrefillRoom> fresh;
+  PrefillRoom* room = nullptr;
+  if (auto it = prefill_rooms_.find(id); it != prefill_rooms_.end()) {
+    room = it->second.get();
+    if (room->decode_engine != engine.first || room->decode_dp != engine.second) {
+      return Status::invalid_argument(fmt::format("room {} is bound for engine '{}' dp {}, not {}",
+                                                  id, room->decode_engine, room->decode_dp, who));
+    }
+  } else {
+    fresh = std::make_unique<PrefillRoom>();
+    fresh->id = id;
+    fresh->decode_engine = engine.first;
+    fresh->decode_dp = engine.second;
+    fresh->deadline = Clock::now() + config_.timeouts.waiting_for_data;
+    room = fresh.get();
   }
-  PrefillRoom& room = *slot;
-  if (room.destinations.empty()) bind_prefill_room(room, peer);
-  auto dest = room.destinations.find(key_of(info.decode()));
-  if (dest == room.destinations.end()) {
+  if (room->destinations.empty()) bind_prefill_room(*room, peer);
+  auto dest = room->destinations.find(key_of(info.decode()));
+  if (dest == room->destinations.end()) {
     return Status::invalid_argument(fmt::format(
         "room {}: {} has nothing to send to {}; its destinations are [{}]", id, describe(self_),
-        who, names_of(room.destinations, [](const Destination&) { return true; })));
+        who, names_of(room->destinations, [](const Destination&) { return true; })));
   }
   if (dest->second.rank.incarnation() != info.decode().incarnation()) {
-    return Status::failed_precondition(fmt::format(
-        "room {}: {} incarnation {} is not the registered one ({})", id, who,
-        info.decode().incarnation(), dest->second.rank.incarnation()));
+    return Status::failed_precondition(
+        fmt::format("room {}: {} incarnation {} is not the registered one ({})", id, who,
+                    info.decode().incarnation(), dest->second.rank.incarnation()));
   }
-  PDKV_RETURN_IF_ERROR(accept_info(room, info));
+  PDKV_RETURN_IF_ERROR(accept_info(*room, info));
   dest->second.info = info;
+  if (fresh) prefill_rooms_[id] = std::move(fresh);
   wake();
   return Status::ok();
 }
@@ -210,18 +217,16 @@ Status EngineCore::accept_info(PrefillRoom& room, const proto::TransferInfo& inf
   if (dest.info) {
     return Status::already_exists(fmt::format("room {}: second metadata from {}", room.id, who));
   }
-  if (room.state.state() == PollState::kFailed) {
-    return Status::failed_precondition(fmt::format("room {} already failed on {}: {}", room.id,
-                                                   describe(self_), room.state.failure().message()));
-  }
+  // A room that already failed answers with its own failure (code and reason).
+  if (room.state.state() == PollState::kFailed) return room.state.failure();
   const uint64_t pool = dest.rank.kv_spec().num_pages();
   std::vector<bool> seen(pool);
   for (int i = 0; i < info.dst_pages_size(); ++i) {
     const uint64_t page = info.dst_pages(i);
     if (page >= pool) {
-      return Status::out_of_range(fmt::format(
-          "room {}: {} page list entry {} is page {}, but its pool has {} pages", room.id, who, i,
-          page, pool));
+      return Status::out_of_range(
+          fmt::format("room {}: {} page list entry {} is page {}, but its pool has {} pages",
+                      room.id, who, i, page, pool));
     }
     if (seen[page]) {
       return Status::invalid_argument(
@@ -257,16 +262,18 @@ void EngineCore::progress_prefill(PrefillRoom& room, bool& busy) {
     drain(dest);
     busy |= !dest.in_flight.empty();
   }
-  if (room.state.terminal()) return;
   const Clock::time_point now = Clock::now();
   if (!room.has_sender) {
+    // Opened by metadata or an abort, never by a Sender: forgotten after a while.
     if (now >= room.deadline) {
       fail_prefill(room, Status::deadline_exceeded(fmt::format(
                              "room {}: metadata arrived but no sender opened it within {} ms",
                              room.id, config_.timeouts.waiting_for_data.count())));
+      room.expired = true;
     }
     return;
   }
+  if (room.state.terminal()) return;
   auto peer = peers_.find({room.decode_engine, room.decode_dp});
   if (peer == peers_.end()) {
     peer_engine({room.decode_engine, room.decode_dp});  // dropped after a peer loss: again
@@ -316,15 +323,17 @@ void EngineCore::progress_prefill(PrefillRoom& room, bool& busy) {
   }
   if (now >= room.deadline) {
     if (!all_infos) {
-      fail_prefill(room, Status::deadline_exceeded(fmt::format(
-                             "room {}: no metadata from [{}] within {} ms", room.id,
-                             names_of(room.destinations, [](const Destination& d) { return !d.info; }),
-                             config_.timeouts.waiting_for_data.count())));
+      fail_prefill(room,
+                   Status::deadline_exceeded(fmt::format(
+                       "room {}: no metadata from [{}] within {} ms", room.id,
+                       names_of(room.destinations, [](const Destination& d) { return !d.info; }),
+                       config_.timeouts.waiting_for_data.count())));
     } else if (room.last) {
-      fail_prefill(room, Status::deadline_exceeded(fmt::format(
-                             "room {}: transfer to [{}] not complete within {} ms", room.id,
-                             names_of(room.destinations, [](const Destination& d) { return !d.reported; }),
-                             config_.timeouts.transfer.count())));
+      fail_prefill(
+          room, Status::deadline_exceeded(fmt::format(
+                    "room {}: transfer to [{}] not complete within {} ms", room.id,
+                    names_of(room.destinations, [](const Destination& d) { return !d.reported; }),
+                    config_.timeouts.transfer.count())));
     }
   }
 }
@@ -368,15 +377,21 @@ Status EngineCore::post_writes(PrefillRoom& room, Destination& dest) {
       const Segment& ls = *dest.link.state_layers;
       const uint64_t cb = config_.state.channel_bytes;
       const uint64_t src_layers = shard_.layers.count, dst_layers = dest.rank.layer_count();
-      const uint64_t dst_channels =
-          AxisSharding::even(config_.state.channels, dest.rank.tp_size()).value()
-              .owned(dest.rank.tp_rank()).value().count;
+      const uint64_t dst_channels = AxisSharding::even(config_.state.channels, dest.rank.tp_size())
+                                        .value()
+                                        .owned(dest.rank.tp_rank())
+                                        .value()
+                                        .count;
       for (size_t i = 0; i < room.state_slots.size(); ++i) {
         for (uint32_t l = 0; l < ls.count; ++l) {
-          const uint64_t src = ((room.state_slots[i] * src_layers + ls.src_offset + l) *
-                                    local_channels_ + cs.src_offset) * cb;
-          const uint64_t dst = ((info.state_slots(int(i)) * dst_layers + ls.dst_offset + l) *
-                                    dst_channels + cs.dst_offset) * cb;
+          const uint64_t src =
+              ((room.state_slots[i] * src_layers + ls.src_offset + l) * local_channels_ +
+               cs.src_offset) *
+              cb;
+          const uint64_t dst =
+              ((info.state_slots(int(i)) * dst_layers + ls.dst_offset + l) * dst_channels +
+               cs.dst_offset) *
+              cb;
           ops.push_back({state_key_, src, dest.rank.state_region(), dst, cs.count * cb});
         }
       }
@@ -387,7 +402,8 @@ Status EngineCore::post_writes(PrefillRoom& room, Destination& dest) {
   if (ops.empty()) return Status::ok();
   auto batch = transport_->write(*dest.peer, ops);
   if (!batch.is_ok()) {
-    return batch.status().with_context(fmt::format("room {}: write to {}", room.id, describe(dest.rank)));
+    return batch.status().with_context(
+        fmt::format("room {}: write to {}", room.id, describe(dest.rank)));
   }
   dest.in_flight.push_back(*batch);
   return Status::ok();
@@ -404,22 +420,17 @@ void EngineCore::fail_prefill(PrefillRoom& room, const Status& reason) {
 Action EngineCore::report_action(RoomId id, const proto::RankInfo& dest, const Status& outcome) {
   return [this, id, dest, outcome] {
     auto link = link_to(dest);
-    grpc::Status s;
-    if (!link->alive().is_ok()) {
-      s = to_grpc(link->alive());
-    } else {
-      proto::RoomStatus msg;
-      msg.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-      msg.set_room(id);
-      *msg.mutable_prefill() = self_ref();
-      msg.set_success(outcome.is_ok());
-      msg.set_reason(outcome.message());
-      msg.set_code(static_cast<uint32_t>(outcome.code()));
-      proto::ControlReply reply;
-      grpc::ClientContext ctx;
-      link->prepare(ctx, kControlCallTimeout);
-      s = link->stub().ReportStatus(&ctx, msg, &reply);
-    }
+    proto::RoomStatus msg;
+    msg.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+    msg.set_room(id);
+    *msg.mutable_prefill() = self_ref();
+    msg.set_success(outcome.is_ok());
+    msg.set_reason(outcome.message());
+    msg.set_code(static_cast<uint32_t>(outcome.code()));
+    proto::ControlReply reply;
+    const grpc::Status s = link->call(kControlCallTimeout, [&](grpc::ClientContext& ctx) {
+      return link->stub().ReportStatus(&ctx, msg, &reply);
+    });
     if (!outcome.is_ok()) return;  // failure notices are best effort: the peer may be gone
     std::lock_guard lock(mu_);
     PrefillRoom* room = find_prefill(id);
@@ -430,8 +441,8 @@ Action EngineCore::report_action(RoomId id, const proto::RankInfo& dest, const S
     if (s.ok()) {
       d->second.reported = true;
     } else {
-      fail_prefill(*room, from_grpc(s, fmt::format("room {}: reporting success to {}", id,
-                                                   describe(dest))));
+      fail_prefill(
+          *room, from_grpc(s, fmt::format("room {}: reporting success to {}", id, describe(dest))));
     }
     wake();
   };
@@ -440,18 +451,43 @@ Action EngineCore::report_action(RoomId id, const proto::RankInfo& dest, const S
 Status EngineCore::on_abort(const proto::AbortRequest& request) {
   const RoomId id = request.room();
   std::unique_lock lock(mu_);
+  if (closed_before(id)) return Status::ok();  // nothing of it is in flight here
   PrefillRoom* room = find_prefill(id);
-  if (room == nullptr) return Status::ok();  // nothing of it is in flight here
+  if (room == nullptr) {
+    // Aborted before this rank's Sender opened it: keep the failure for the
+    // Sender to find, for a while.
+    auto fresh = std::make_unique<PrefillRoom>();
+    fresh->id = id;
+    fresh->decode_engine = request.decode().engine_id();
+    fresh->decode_dp = request.decode().dp_rank();
+    fresh->deadline = Clock::now() + config_.timeouts.waiting_for_data;
+    fresh->state.fail(Status::aborted(fmt::format(
+        "decode dp {} tp {} pp {} of '{}' aborted room {}: {}", request.decode().dp_rank(),
+        request.decode().tp_rank(), request.decode().pp_rank(), request.decode().engine_id(), id,
+        request.reason())));
+    prefill_rooms_[id] = std::move(fresh);
+    return Status::ok();
+  }
+  if (room->destinations.empty()) {
+    // The room's map may still be looked up: bind it to find the destination.
+    const PeerEngine* peer = await_peer(lock, {room->decode_engine, room->decode_dp});
+    room = find_prefill(id);
+    if (peer != nullptr && room != nullptr && room->destinations.empty()) {
+      bind_prefill_room(*room, *peer);
+    }
+    if (room == nullptr) return Status::ok();
+  }
   auto dest = room->destinations.find(key_of(request.decode()));
   if (dest == room->destinations.end()) {
-    return Status::invalid_argument(fmt::format("room {}: {} dp {} tp {} pp {} is not a destination of {}",
-                                                id, request.decode().engine_id(),
-                                                request.decode().dp_rank(), request.decode().tp_rank(),
-                                                request.decode().pp_rank(), describe(self_)));
+    return Status::invalid_argument(
+        fmt::format("room {}: {} dp {} tp {} pp {} is not a destination of {}", id,
+                    request.decode().engine_id(), request.decode().dp_rank(),
+                    request.decode().tp_rank(), request.decode().pp_rank(), describe(self_)));
   }
   dest->second.aborted = true;
-  fail_prefill(*room, Status::aborted(fmt::format("{} aborted room {}: {}", describe(dest->second.rank),
-                                                  id, request.reason())));
+  fail_prefill(
+      *room, Status::aborted(fmt::format("{} aborted room {}: {}", describe(dest->second.rank), id,
+                                         request.reason())));
   wake();
   // Acknowledge only once no write of this room to that rank is in flight.
   const RankKey key = dest->first;
@@ -460,9 +496,10 @@ Status EngineCore::on_abort(const proto::AbortRequest& request) {
     return r == nullptr || r->destinations.at(key).in_flight.empty();
   });
   if (!drained) {
-    return Status::deadline_exceeded(fmt::format("room {}: writes to the aborting rank still in "
-                                                 "flight after {} ms",
-                                                 id, config_.timeouts.transfer.count()));
+    return Status::deadline_exceeded(
+        fmt::format("room {}: writes to the aborting rank still in "
+                    "flight after {} ms",
+                    id, config_.timeouts.transfer.count()));
   }
   return Status::ok();
 }

@@ -63,25 +63,25 @@ Result<std::vector<Link>> compute_links(const Topology& prefill, const Topology&
   PDKV_RETURN_IF_ERROR(
       check_compatible(kv_spec_from_proto(p.kv_spec()), kv_spec_from_proto(d.kv_spec())));
   if (p.backend() != d.backend()) {
-    return Status::invalid_argument(fmt::format("backend differs: prefill uses {}, decode uses {}",
-                                                p.backend(), d.backend()));
+    return Status::invalid_argument(
+        fmt::format("backend differs: prefill uses {}, decode uses {}", p.backend(), d.backend()));
   }
   if (p.aux_bytes() != d.aux_bytes()) {
-    return Status::invalid_argument(fmt::format(
-        "aux_bytes differs: prefill has {}, decode has {}", p.aux_bytes(), d.aux_bytes()));
+    return Status::invalid_argument(fmt::format("aux_bytes differs: prefill has {}, decode has {}",
+                                                p.aux_bytes(), d.aux_bytes()));
   }
   if (p.state().channels() != d.state().channels() ||
       p.state().channel_bytes() != d.state().channel_bytes()) {
-    return Status::invalid_argument(fmt::format(
-        "state differs: prefill has {} channels x {} B, decode has {} channels x {} B",
-        p.state().channels(), p.state().channel_bytes(), d.state().channels(),
-        d.state().channel_bytes()));
+    return Status::invalid_argument(
+        fmt::format("state differs: prefill has {} channels x {} B, decode has {} channels x {} B",
+                    p.state().channels(), p.state().channel_bytes(), d.state().channels(),
+                    d.state().channel_bytes()));
   }
   const uint32_t heads = p.kv_spec().total_heads();
-  PDKV_ASSIGN_OR_RETURN(auto p_heads, AxisSharding::even(heads, prefill.tp_size(),
-                                                         {"KV heads", "prefill TP"}));
-  PDKV_ASSIGN_OR_RETURN(auto d_heads, AxisSharding::even(heads, decode.tp_size(),
-                                                         {"KV heads", "decode TP"}));
+  PDKV_ASSIGN_OR_RETURN(auto p_heads,
+                        AxisSharding::even(heads, prefill.tp_size(), {"KV heads", "prefill TP"}));
+  PDKV_ASSIGN_OR_RETURN(auto d_heads,
+                        AxisSharding::even(heads, decode.tp_size(), {"KV heads", "decode TP"}));
   PDKV_ASSIGN_OR_RETURN(auto p_layers, layer_axis(prefill, "prefill"));
   PDKV_ASSIGN_OR_RETURN(auto d_layers, layer_axis(decode, "decode"));
   PDKV_ASSIGN_OR_RETURN(auto head_map, transfer_map(p_heads, d_heads));

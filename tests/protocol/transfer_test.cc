@@ -47,10 +47,10 @@ TEST_P(Transfer, EveryByteArrives) {
   const uint64_t n = 5;
   const auto src_pages = pages_of(n, c.spec.kv.num_pages, 3);
   const auto dst_pages = pages_of(n, c.spec.kv.num_pages, 17);
-  const std::vector<uint32_t> src_state = c.spec.state.channels ? std::vector<uint32_t>{2, 0}
-                                                                : std::vector<uint32_t>{};
-  const std::vector<uint32_t> dst_state = c.spec.state.channels ? std::vector<uint32_t>{1, 3}
-                                                                : std::vector<uint32_t>{};
+  const std::vector<uint32_t> src_state =
+      c.spec.state.channels ? std::vector<uint32_t>{2, 0} : std::vector<uint32_t>{};
+  const std::vector<uint32_t> dst_state =
+      c.spec.state.channels ? std::vector<uint32_t>{1, 3} : std::vector<uint32_t>{};
   cluster->fill(room, src_pages, 1, src_state);
 
   std::vector<std::unique_ptr<Receiver>> receivers;

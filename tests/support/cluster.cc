@@ -21,7 +21,8 @@ RankGeometry geometry(const KvSpec& kv, const StateSpec& st, uint32_t tp, uint32
   RankGeometry g;
   g.heads = AxisSharding::even(kv.total_heads, tp_size).value().owned(tp).value();
   g.layers = AxisSharding::even(kv.num_layers, pp_size).value().owned(pp).value();
-  if (st.channels > 0) g.channels = AxisSharding::even(st.channels, tp_size).value().owned(tp).value();
+  if (st.channels > 0)
+    g.channels = AxisSharding::even(st.channels, tp_size).value().owned(tp).value();
   return g;
 }
 
@@ -30,8 +31,8 @@ RankMemory allocate(const KvSpec& kv, const ClusterSpec& c, const RankGeometry& 
   const uint64_t bytes = kv.num_pages * kv.page_bytes(g.heads.count);
   m.kv.assign(g.layers.count * kv.buffers_per_layer(), std::vector<std::byte>(bytes));
   m.aux.resize(std::max<uint64_t>(1, uint64_t{c.aux_slots} * c.aux_bytes));
-  m.state.resize(std::max<uint64_t>(1, uint64_t{c.state.num_slots} * g.layers.count *
-                                           g.channels.count * c.state.channel_bytes));
+  m.state.resize(std::max<uint64_t>(
+      1, uint64_t{c.state.num_slots} * g.layers.count * g.channels.count * c.state.channel_bytes));
   return m;
 }
 
@@ -48,7 +49,8 @@ EnginePools RankMemory::pools() {
 uint8_t Cluster::aux_byte(uint64_t room, uint64_t i) { return mix_byte((room << 20) ^ i ^ 0xa0a0); }
 
 uint8_t Cluster::state_byte(uint32_t layer, uint32_t channel, uint64_t byte, uint64_t room) {
-  return mix_byte((uint64_t{layer} << 40) ^ (uint64_t{channel} << 20) ^ byte ^ (room << 52) ^ 0x5757);
+  return mix_byte((uint64_t{layer} << 40) ^ (uint64_t{channel} << 20) ^ byte ^ (room << 52) ^
+                  0x5757);
 }
 
 std::unique_ptr<Cluster> Cluster::start(const ClusterSpec& spec) {
@@ -78,8 +80,9 @@ std::unique_ptr<Cluster> Cluster::start(const ClusterSpec& spec) {
         cfg.aux_slots = spec.aux_bytes > 0 ? spec.aux_slots : 0;
         cfg.state = spec.state;
         cfg.backend = "loopback";
+        if (prefill) cfg.transport_options = spec.prefill_transport;
         cfg.bootstrap_address = c->bootstrap_address();
-        cfg.timeouts = spec.timeouts;
+        cfg.timeouts = prefill ? spec.timeouts : spec.decode_timeouts.value_or(spec.timeouts);
         auto& memory = prefill ? c->prefill_memory : c->decode_memory;
         memory.push_back(allocate(kv, spec, geometry(kv, spec.state, tp, tp_size, pp, pp_size)));
         auto engine = Engine::create(cfg, memory.back().pools());
@@ -129,7 +132,8 @@ void Cluster::fill(uint64_t room, const std::vector<uint64_t>& pages, uint32_t a
     for (size_t b = 0; b < m.kv.size(); ++b)
       for (uint64_t o = 0; o < m.kv[b].size(); ++o)
         m.kv[b][o] = std::byte{untouched_byte(uint32_t(r), uint32_t(b), o)};
-    for (uint64_t o = 0; o < m.aux.size(); ++o) m.aux[o] = std::byte{untouched_byte(uint32_t(r), 900, o)};
+    for (uint64_t o = 0; o < m.aux.size(); ++o)
+      m.aux[o] = std::byte{untouched_byte(uint32_t(r), 900, o)};
     for (uint64_t o = 0; o < m.state.size(); ++o)
       m.state[o] = std::byte{untouched_byte(uint32_t(r), 901, o)};
   }

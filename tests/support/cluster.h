@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,8 @@ struct ClusterSpec {
   uint32_t aux_bytes = 0, aux_slots = 4;
   StateSpec state;
   Timeouts timeouts;
+  std::optional<Timeouts> decode_timeouts;  // when the decode side needs others
+  TransportOptions prefill_transport;       // loopback options of the prefill ranks
   std::string prefill_id = "prefill", decode_id = "decode";
 };
 

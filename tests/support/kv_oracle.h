@@ -28,9 +28,9 @@ inline uint8_t element_byte(uint32_t layer, uint32_t kv, uint32_t head, uint64_t
 
 // What an untouched destination byte holds, distinguishable from element_byte.
 inline uint8_t untouched_byte(uint32_t rank, uint32_t buffer, uint64_t offset) {
-  return static_cast<uint8_t>(mix_byte((uint64_t{rank + 1000} << 48) ^ (uint64_t{buffer} << 40) ^
-                                       offset ^ 0xabcdefULL) ^
-                              0x5a);
+  return static_cast<uint8_t>(
+      mix_byte((uint64_t{rank + 1000} << 48) ^ (uint64_t{buffer} << 40) ^ offset ^ 0xabcdefULL) ^
+      0x5a);
 }
 
 // Byte offset of (page, slot, local head) in a buffer, by layout.

@@ -5,6 +5,9 @@
 // `pdkv` tool and moves no byte between processes. Writes complete at once,
 // under one process-wide lock (which also keeps a peer alive while it is
 // written to).
+//
+// Option {"stall", "1"} injects a fault: writes are accepted but their
+// batches never complete, as with a hung NIC (for transfer-timeout tests).
 #include <fmt/format.h>
 
 #include <charconv>
@@ -26,7 +29,7 @@ constexpr std::string_view kPrefix = "loopback:";
 
 class LoopbackTransport final : public Transport {
  public:
-  LoopbackTransport() {
+  explicit LoopbackTransport(bool stall) : stall_(stall) {
     std::lock_guard lock(g_mu);
     id_ = g_next_id++;
     g_live[id_] = this;
@@ -98,7 +101,7 @@ class LoopbackTransport final : public Transport {
                   op.length);
     }
     const BatchId id = next_batch_++;
-    batches_[id] = BatchStatus{BatchState::kDone, Status::ok()};
+    batches_[id] = BatchStatus{stall_ ? BatchState::kInProgress : BatchState::kDone, Status::ok()};
     return id;
   }
 
@@ -109,7 +112,7 @@ class LoopbackTransport final : public Transport {
       return {BatchState::kFailed, Status::not_found(fmt::format("no loopback batch {}", batch))};
     }
     BatchStatus status = it->second;
-    batches_.erase(it);
+    if (status.state != BatchState::kInProgress) batches_.erase(it);
     return status;
   }
 
@@ -150,6 +153,7 @@ class LoopbackTransport final : public Transport {
     return Status::ok();
   }
 
+  const bool stall_;
   uint64_t id_ = 0;
   mutable std::mutex mu_;
   std::vector<MemoryRegion> regions_;
@@ -161,11 +165,16 @@ class LoopbackTransport final : public Transport {
 };
 
 Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options) {
-  if (!options.empty()) {
-    return Status::invalid_argument(
-        fmt::format("loopback takes no options, got '{}'", options.begin()->first));
+  bool stall = false;
+  for (const auto& [key, value] : options) {
+    if (key == "stall" && (value == "0" || value == "1")) {
+      stall = value == "1";
+    } else {
+      return Status::invalid_argument(
+          fmt::format("loopback option '{}={}' unknown (only stall=0|1)", key, value));
+    }
   }
-  return std::unique_ptr<Transport>(std::make_unique<LoopbackTransport>());
+  return std::unique_ptr<Transport>(std::make_unique<LoopbackTransport>(stall));
 }
 
 PDKV_REGISTER_TRANSPORT("loopback", make_loopback);

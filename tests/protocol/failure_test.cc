@@ -1,0 +1,181 @@
+// Aborts from either side and every timeout: the room fails on both sides
+// with a reason that says who and why, and rooms not involved still succeed.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "support/cluster.h"
+
+namespace pdkv {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Cluster;
+using testing::ClusterSpec;
+using testing::poll_until;
+
+bool ended(PollState s) { return s == PollState::kSuccess || s == PollState::kFailed; }
+
+std::vector<uint64_t> first_pages(uint64_t n, uint64_t from = 0) {
+  std::vector<uint64_t> p(n);
+  std::iota(p.begin(), p.end(), from);
+  return p;
+}
+
+ClusterSpec shape(uint32_t heads, uint32_t p_tp, uint32_t d_tp) {
+  ClusterSpec s;
+  s.kv.total_heads = heads;
+  s.prefill_tp = p_tp;
+  s.decode_tp = d_tp;
+  return s;
+}
+
+struct Room {
+  std::vector<std::unique_ptr<Sender>> senders;
+  std::vector<std::unique_ptr<Receiver>> receivers;
+};
+
+// Opens `room` on every rank: receivers with metadata, senders with init.
+Room open_room(Cluster& c, RoomId room, uint64_t pages) {
+  Room r;
+  for (auto& e : c.decode) {
+    r.receivers.push_back(std::move(e->receiver(room, c.spec().prefill_id)).value());
+    EXPECT_TRUE(r.receivers.back()->init().is_ok());
+    EXPECT_TRUE(r.receivers.back()->send_metadata(first_pages(pages, 8)).is_ok());
+  }
+  for (auto& e : c.prefill) {
+    r.senders.push_back(std::move(e->sender(room, c.spec().decode_id)).value());
+    EXPECT_TRUE(r.senders.back()->init(pages).is_ok());
+  }
+  return r;
+}
+
+TEST(Abort, PrefillAbortFailsItsDestinationsOnly) {
+  auto c = Cluster::start(shape(8, 2, 4));  // prefill 0 -> decode 0, 1; prefill 1 -> decode 2, 3
+  ASSERT_NE(c, nullptr);
+  Room r = open_room(*c, 7, 3);
+  r.senders[0]->abort("out of KV memory");
+  ASSERT_TRUE(r.senders[1]->send(first_pages(3), true).is_ok());
+  ASSERT_TRUE(poll_until([&] {
+    for (auto& x : r.receivers)
+      if (!ended(x->poll())) return false;
+    return true;
+  }));
+  for (int d : {0, 1}) {
+    EXPECT_EQ(r.receivers[d]->poll(), PollState::kFailed);
+    EXPECT_EQ(r.receivers[d]->failure().code(), StatusCode::kAborted);
+    EXPECT_NE(r.receivers[d]->failure().message().find("prefill dp 0 tp 0 pp 0 aborted room 7: out "
+                                                       "of KV memory"),
+              std::string::npos)
+        << r.receivers[d]->failure().message();
+  }
+  EXPECT_EQ(r.receivers[2]->poll(), PollState::kSuccess);
+  EXPECT_EQ(r.receivers[3]->poll(), PollState::kSuccess);
+  EXPECT_EQ(r.senders[0]->poll(), PollState::kFailed);
+  EXPECT_EQ(r.senders[0]->send(first_pages(3), true).code(), StatusCode::kAborted);
+}
+
+TEST(Abort, DecodeAbortIsAcknowledgedAndStopsTheSources) {
+  auto c = Cluster::start(shape(8, 4, 2));  // prefill 0, 1 -> decode 0; 2, 3 -> decode 1
+  ASSERT_NE(c, nullptr);
+  Room r = open_room(*c, 9, 4);
+  for (auto& s : r.senders) ASSERT_TRUE(s->send(first_pages(2), false).is_ok());
+  const Status acked = r.receivers[0]->abort("client disconnected");
+  EXPECT_TRUE(acked.is_ok()) << acked.to_string();
+  EXPECT_EQ(r.receivers[0]->poll(), PollState::kFailed);
+  // Acknowledged: the sources of decode 0 have failed the room and take no more pages.
+  for (int p : {0, 1}) {
+    EXPECT_EQ(r.senders[p]->poll(), PollState::kFailed);
+    EXPECT_NE(r.senders[p]->failure().message().find("decode dp 0 tp 0 pp 0 aborted room 9: client "
+                                                     "disconnected"),
+              std::string::npos)
+        << r.senders[p]->failure().message();
+    EXPECT_FALSE(r.senders[p]->send(first_pages(2, 2), true).is_ok());
+  }
+  // Decode 1's sources are untouched and finish.
+  for (int p : {2, 3}) ASSERT_TRUE(r.senders[p]->send(first_pages(2, 2), true).is_ok());
+  ASSERT_TRUE(poll_until([&] { return ended(r.receivers[1]->poll()); }));
+  EXPECT_EQ(r.receivers[1]->poll(), PollState::kSuccess) << r.receivers[1]->failure().to_string();
+}
+
+TEST(Abort, ClosingAnOpenReceiverAbortsItsSources) {
+  auto c = Cluster::start(shape(8, 1, 1));
+  ASSERT_NE(c, nullptr);
+  Room r = open_room(*c, 11, 2);
+  ASSERT_TRUE(poll_until([&] { return r.senders[0]->poll() == PollState::kTransferring; }));
+  r.receivers.clear();
+  ASSERT_TRUE(poll_until([&] { return r.senders[0]->poll() == PollState::kFailed; }));
+  EXPECT_NE(r.senders[0]->failure().message().find("room 11 closed by its receiver"),
+            std::string::npos)
+      << r.senders[0]->failure().message();
+}
+
+TEST(Timeout, DecodeWaitingForData) {
+  ClusterSpec spec = shape(8, 2, 1);
+  spec.timeouts.waiting_for_data = 300ms;
+  auto c = Cluster::start(spec);
+  ASSERT_NE(c, nullptr);
+  auto rx = std::move(c->decode[0]->receiver(5, "prefill")).value();
+  ASSERT_TRUE(rx->init().is_ok());
+  ASSERT_TRUE(rx->send_metadata(first_pages(2)).is_ok());
+  // Only prefill 1 ever sends; prefill 0 never opens the room.
+  auto tx = std::move(c->prefill[1]->sender(5, "decode")).value();
+  ASSERT_TRUE(tx->init(2).is_ok());
+  ASSERT_TRUE(tx->send(first_pages(2), true).is_ok());
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kFailed; }, 5s));
+  EXPECT_EQ(rx->failure().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(rx->failure().message(),
+            "room 5: [prefill dp 0 tp 0 pp 0] did not report within 300 ms");
+}
+
+TEST(Timeout, PrefillWaitingForMetadata) {
+  ClusterSpec spec = shape(8, 1, 2);
+  spec.timeouts.waiting_for_data = 300ms;
+  spec.decode_timeouts = Timeouts{};  // the decode side waits long: the prefill times out first
+  auto c = Cluster::start(spec);
+  ASSERT_NE(c, nullptr);
+  auto tx = std::move(c->prefill[0]->sender(6, "decode")).value();
+  ASSERT_TRUE(tx->init(2).is_ok());
+  auto rx = std::move(c->decode[1]->receiver(6, "prefill")).value();  // decode 0 never comes
+  ASSERT_TRUE(rx->init().is_ok());
+  ASSERT_TRUE(rx->send_metadata(first_pages(2)).is_ok());
+  ASSERT_TRUE(poll_until([&] { return tx->poll() == PollState::kFailed; }, 5s));
+  EXPECT_EQ(tx->failure().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(tx->failure().message(), "room 6: no metadata from [decode dp 0 tp 0 pp 0] within 300 ms");
+  // The decode rank that did send metadata learns of it.
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kFailed; }, 5s));
+  EXPECT_NE(rx->failure().message().find("no metadata from"), std::string::npos);
+}
+
+TEST(Timeout, Bootstrap) {
+  ClusterSpec spec = shape(8, 1, 1);
+  spec.timeouts.bootstrap = 300ms;
+  auto c = Cluster::start(spec);
+  ASSERT_NE(c, nullptr);
+  auto rx = std::move(c->decode[0]->receiver(8, "no-such-engine")).value();
+  ASSERT_TRUE(rx->init().is_ok());
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kFailed; }, 5s));
+  EXPECT_EQ(rx->failure().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(rx->failure().message().find("topology of engine 'no-such-engine' dp 0 not complete "
+                                         "after 300 ms; last answer: "),
+            std::string::npos)
+      << rx->failure().message();
+}
+
+TEST(Timeout, TransferNeverVisible) {
+  ClusterSpec spec = shape(8, 1, 1);
+  spec.timeouts.transfer = 300ms;
+  spec.prefill_transport = {{"stall", "1"}};  // writes are posted but never complete
+  auto c = Cluster::start(spec);
+  ASSERT_NE(c, nullptr);
+  Room r = open_room(*c, 12, 2);
+  ASSERT_TRUE(r.senders[0]->send(first_pages(2), true).is_ok());
+  ASSERT_TRUE(poll_until([&] { return r.senders[0]->poll() == PollState::kFailed; }, 5s));
+  EXPECT_EQ(r.senders[0]->failure().message(),
+            "room 12: transfer to [decode dp 0 tp 0 pp 0] not complete within 300 ms");
+  ASSERT_TRUE(poll_until([&] { return r.receivers[0]->poll() == PollState::kFailed; }, 5s));
+  EXPECT_EQ(r.receivers[0]->failure().code(), StatusCode::kDeadlineExceeded);
+}
+
+}  // namespace
+}  // namespace pdkv

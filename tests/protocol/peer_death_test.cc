@@ -1,0 +1,115 @@
+// A peer engine in another process, killed with SIGKILL mid-room: the
+// survivor's room fails within 2 s, with a reason naming the peer, through
+// the control connection (no request timeout is involved: they are 2 min).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <numeric>
+
+#include "support/cluster.h"
+
+extern char** environ;
+
+namespace pdkv {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Cluster;
+using testing::ClusterSpec;
+using testing::poll_until;
+
+// A pdkv_test_peer process; killed (if still alive) when this goes away.
+class PeerProcess {
+ public:
+  PeerProcess(const std::string& role, const std::string& bootstrap, RoomId room) {
+    int out[2];
+    if (pipe(out) != 0) return;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, out[0]);
+    const std::string room_text = std::to_string(room);
+    std::vector<char*> argv = {const_cast<char*>(PDKV_TEST_PEER), const_cast<char*>(role.c_str()),
+                               const_cast<char*>(bootstrap.c_str()),
+                               const_cast<char*>(room_text.c_str()), nullptr};
+    if (posix_spawn(&pid_, PDKV_TEST_PEER, &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    stdout_ = fdopen(out[0], "r");
+  }
+  ~PeerProcess() {
+    kill_now();
+    if (stdout_) fclose(stdout_);
+  }
+  // Blocks until the peer printed "ready" (or exited).
+  bool ready() {
+    char line[64] = {};
+    return pid_ > 0 && stdout_ && fgets(line, sizeof line, stdout_) && std::string(line) == "ready\n";
+  }
+  void kill_now() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* stdout_ = nullptr;
+};
+
+ClusterSpec one_side(bool with_prefill) {
+  ClusterSpec spec;  // the shape pdkv_test_peer uses: TP 1 on both sides
+  if (with_prefill) {
+    spec.decode_tp = 0;  // no decode engine here: it lives in the peer process
+  } else {
+    spec.prefill_tp = 0;
+  }
+  return spec;
+}
+
+TEST(PeerDeath, KilledPrefillFailsTheDecodeRoomNamingIt) {
+  auto c = Cluster::start(one_side(false));
+  ASSERT_NE(c, nullptr);
+  PeerProcess prefill("prefill", c->bootstrap_address(), 77);
+  ASSERT_TRUE(prefill.ready());
+  auto rx = std::move(c->decode[0]->receiver(77, "prefill")).value();
+  ASSERT_TRUE(rx->init().is_ok());
+  std::vector<uint64_t> pages(4);
+  std::iota(pages.begin(), pages.end(), 0);
+  ASSERT_TRUE(rx->send_metadata(pages).is_ok());
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kTransferring; }));
+  prefill.kill_now();
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kFailed; }, 2s))
+      << "room still " << poll_state_name(rx->poll()) << " 2 s after the prefill was killed";
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, 2s);
+  EXPECT_EQ(rx->failure().code(), StatusCode::kUnavailable);
+  EXPECT_NE(rx->failure().message().find("control connection to prefill dp 0 tp 0 pp 0 ("),
+            std::string::npos)
+      << rx->failure().message();
+}
+
+TEST(PeerDeath, KilledDecodeFailsThePrefillRoomNamingIt) {
+  auto c = Cluster::start(one_side(true));
+  ASSERT_NE(c, nullptr);
+  PeerProcess decode("decode", c->bootstrap_address(), 78);
+  ASSERT_TRUE(decode.ready());
+  auto tx = std::move(c->prefill[0]->sender(78, "decode")).value();
+  ASSERT_TRUE(tx->init(4).is_ok());
+  ASSERT_TRUE(poll_until([&] { return tx->poll() == PollState::kTransferring; }));
+  decode.kill_now();
+  ASSERT_TRUE(poll_until([&] { return tx->poll() == PollState::kFailed; }, 2s))
+      << "room still " << poll_state_name(tx->poll()) << " 2 s after the decode was killed";
+  EXPECT_NE(tx->failure().message().find("control connection to decode dp 0 tp 0 pp 0 ("),
+            std::string::npos)
+      << tx->failure().message();
+}
+
+}  // namespace
+}  // namespace pdkv
