@@ -161,12 +161,15 @@ Status EngineCore::init(std::unique_ptr<Transport> transport) {
   links_ = std::make_unique<PeerLinks>(
       self_ref(), config_.timeouts.keepalive,
       [this](const std::string& key, const Status& reason) { on_peer_lost(key, reason); });
+  bootstrap_ = std::make_unique<bootstrap::Client>(config_.bootstrap_address);
+  // Publish everything above to the control service's threads, which were
+  // started with the server: each handler takes mu_ before it reads any of it.
+  { std::lock_guard publish(mu_); }
   worker_ = std::thread([this] { run(); });
   // Control calls block on peers: a few threads, so one slow peer does not
   // hold up every room.
   for (int i = 0; i < 4; ++i) action_threads_.emplace_back([this] { run_actions(); });
 
-  bootstrap_ = std::make_unique<bootstrap::Client>(config_.bootstrap_address);
   auto registered = bootstrap_->register_rank(self_, config_.timeouts.bootstrap);
   if (!registered.is_ok()) {
     shutdown();
@@ -199,8 +202,13 @@ void EngineCore::shutdown() {
   for (auto& t : action_threads_) {
     if (t.joinable()) t.join();  // after running the failure notices still queued
   }
-  // Cancels what is still open (peers' Watch streams among it) at once.
-  if (server_) server_->Shutdown(std::chrono::system_clock::now());
+  // Cancels what is still open (peers' Watch streams among it) at once; the
+  // service object must outlive every handler thread of the server.
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+  }
   if (links_) links_->stop_all();
   for (auto& t : lookups_) {
     if (t.joinable()) t.join();

@@ -239,10 +239,10 @@ Status EngineCore::send_abort(RoomId id, const proto::RankInfo& source, const st
 
 Status EngineCore::on_room_status(const proto::RoomStatus& status) {
   const RoomId id = status.room();
+  std::lock_guard lock(mu_);
   if (config_.role != Role::kDecode) {
     return Status::failed_precondition(fmt::format("{} is a prefill rank", describe(self_)));
   }
-  std::lock_guard lock(mu_);
   if (closed_before(id)) {
     return Status::failed_precondition(fmt::format("room {} is closed on {}", id, describe(self_)));
   }

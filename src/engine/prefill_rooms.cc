@@ -156,10 +156,10 @@ Status EngineCore::on_transfer_info(const proto::TransferInfo& info) {
   const std::string who =
       fmt::format("{} dp {} tp {} pp {}", info.decode().engine_id(), info.decode().dp_rank(),
                   info.decode().tp_rank(), info.decode().pp_rank());
+  std::unique_lock lock(mu_);
   if (config_.role != Role::kPrefill) {
     return Status::failed_precondition(fmt::format("{} is a decode rank", describe(self_)));
   }
-  std::unique_lock lock(mu_);
   if (closed_before(id)) {
     return Status::failed_precondition(fmt::format("room {} is closed on {}", id, describe(self_)));
   }

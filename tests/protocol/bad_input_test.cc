@@ -41,7 +41,8 @@ class BadInput : public ::testing::Test {
   }
 
   std::unique_ptr<proto::Control::Stub> stub_to(const std::string& address) {
-    return proto::Control::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    return proto::Control::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
 
   proto::RankRef ref(const proto::RankInfo& r) {
@@ -67,7 +68,8 @@ class BadInput : public ::testing::Test {
     return stub_to(prefill_ranks_[p].control_address())->SendTransferInfo(&ctx, info, &reply);
   }
 
-  grpc::Status send_status(int p, int d, RoomId room, bool success, const std::string& reason = "") {
+  grpc::Status send_status(int p, int d, RoomId room, bool success,
+                           const std::string& reason = "") {
     proto::RoomStatus st;
     st.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
     st.set_room(room);
@@ -101,7 +103,8 @@ class BadInput : public ::testing::Test {
       for (auto& r : rx)
         if (r->poll() != PollState::kSuccess) return false;
       return true;
-    })) << rx[0]->failure().to_string() << " / " << rx[1]->failure().to_string();
+    })) << rx[0]->failure().to_string()
+        << " / " << rx[1]->failure().to_string();
     EXPECT_EQ(c.verify(room, pages, 0, {}), "");
   }
 
@@ -121,8 +124,9 @@ TEST_F(BadInput, MetadataFromARankTheMapDoesNotName) {
 TEST_F(BadInput, PageBeyondTheDecodePool) {
   const grpc::Status s = send_info(0, 0, 100, {3, 16});
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
-  EXPECT_EQ(s.error_message(), "room 100: decode dp 0 tp 0 pp 0 page list entry 1 is page 16, but "
-                               "its pool has 16 pages");
+  EXPECT_EQ(s.error_message(),
+            "room 100: decode dp 0 tp 0 pp 0 page list entry 1 is page 16, but "
+            "its pool has 16 pages");
   EXPECT_EQ(send_info(0, 0, 100, {3, 3}).error_message(),
             "room 100: decode dp 0 tp 0 pp 0 lists page 3 twice");
   expect_other_room_succeeds(101);
@@ -143,7 +147,8 @@ TEST_F(BadInput, DuplicateMetadataAndPageCountMismatch) {
 TEST_F(BadInput, OtherProtocolVersion) {
   const grpc::Status s = send_info(0, 0, 100, first_pages(2), 7);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(s.error_message(), "peer speaks pdkv protocol version 7, this process speaks version 1");
+  EXPECT_EQ(s.error_message(),
+            "peer speaks pdkv protocol version 7, this process speaks version 1");
 }
 
 TEST_F(BadInput, ClosedRoomIsNeverResurrected) {
@@ -154,7 +159,8 @@ TEST_F(BadInput, ClosedRoomIsNeverResurrected) {
   EXPECT_EQ(cluster_->prefill[0]->sender(100, "decode").status().message(),
             "room 100 was used and closed already");
   { auto rx = std::move(cluster_->decode[0]->receiver(200, "prefill")).value(); }
-  EXPECT_EQ(send_status(0, 0, 200, true).error_message(), "room 200 is closed on decode dp 0 tp 0 pp 0");
+  EXPECT_EQ(send_status(0, 0, 200, true).error_message(),
+            "room 200 is closed on decode dp 0 tp 0 pp 0");
 }
 
 TEST_F(BadInput, StatusForUnknownRoomOrFromAStranger) {
@@ -164,7 +170,8 @@ TEST_F(BadInput, StatusForUnknownRoomOrFromAStranger) {
   ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kWaitingForInput; }));
   const grpc::Status s = send_status(2, 0, 301, true);  // prefill 2 sends only to decode 1
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(s.error_message(), "room 301: prefill dp 0 tp 2 pp 0 is not a source of decode dp 0 tp 0 pp 0");
+  EXPECT_EQ(s.error_message(),
+            "room 301: prefill dp 0 tp 2 pp 0 is not a source of decode dp 0 tp 0 pp 0");
   EXPECT_EQ(rx->poll(), PollState::kWaitingForInput);  // untouched
 }
 

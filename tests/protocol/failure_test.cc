@@ -141,7 +141,8 @@ TEST(Timeout, PrefillWaitingForMetadata) {
   ASSERT_TRUE(rx->send_metadata(first_pages(2)).is_ok());
   ASSERT_TRUE(poll_until([&] { return tx->poll() == PollState::kFailed; }, 5s));
   EXPECT_EQ(tx->failure().code(), StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(tx->failure().message(), "room 6: no metadata from [decode dp 0 tp 0 pp 0] within 300 ms");
+  EXPECT_EQ(tx->failure().message(),
+            "room 6: no metadata from [decode dp 0 tp 0 pp 0] within 300 ms");
   // The decode rank that did send metadata learns of it.
   ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kFailed; }, 5s));
   EXPECT_NE(rx->failure().message().find("no metadata from"), std::string::npos);

@@ -49,7 +49,8 @@ class PeerProcess {
   // Blocks until the peer printed "ready" (or exited).
   bool ready() {
     char line[64] = {};
-    return pid_ > 0 && stdout_ && fgets(line, sizeof line, stdout_) && std::string(line) == "ready\n";
+    return pid_ > 0 && stdout_ && fgets(line, sizeof line, stdout_) &&
+           std::string(line) == "ready\n";
   }
   void kill_now() {
     if (pid_ <= 0) return;

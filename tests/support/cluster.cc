@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "support/kv_oracle.h"
+#include "support/loopback_transport.h"
 
 namespace pdkv::testing {
 namespace {
@@ -141,6 +142,7 @@ void Cluster::fill(uint64_t room, const std::vector<uint64_t>& pages, uint32_t a
 
 std::string Cluster::verify(uint64_t room, const std::vector<uint64_t>& pages, uint32_t aux_slot,
                             const std::vector<uint32_t>& state_slots) const {
+  loopback_fence();
   for (size_t r = 0; r < decode.size(); ++r) {
     const auto& cfg = decode[r]->config();
     const auto g = geometry(cfg.kv, cfg.state, cfg.tp_rank, cfg.tp_size, cfg.pp_rank, cfg.pp_size);

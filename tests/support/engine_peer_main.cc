@@ -26,8 +26,9 @@ int main(int argc, char** argv) {
   cfg.backend = "loopback";
   cfg.bootstrap_address = argv[2];
   pdkv::testing::RankMemory memory;
-  memory.kv.assign(cfg.kv.num_layers * cfg.kv.buffers_per_layer(),
-                   std::vector<std::byte>(cfg.kv.num_pages * cfg.kv.page_bytes(cfg.kv.total_heads)));
+  memory.kv.assign(
+      cfg.kv.num_layers * cfg.kv.buffers_per_layer(),
+      std::vector<std::byte>(cfg.kv.num_pages * cfg.kv.page_bytes(cfg.kv.total_heads)));
   memory.aux.resize(1);
   memory.state.resize(1);
   auto engine = pdkv::Engine::create(cfg, memory.pools());

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "support/loopback_transport.h"
+
 #include "pdkv/transport.h"
 
 namespace pdkv::testing {
@@ -180,4 +182,6 @@ Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options
 PDKV_REGISTER_TRANSPORT("loopback", make_loopback);
 
 }  // namespace
+
+void loopback_fence() { std::lock_guard lock(g_mu); }
 }  // namespace pdkv::testing
