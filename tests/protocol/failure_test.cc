@@ -110,6 +110,27 @@ TEST(Abort, ClosingAnOpenReceiverAbortsItsSources) {
       << r.senders[0]->failure().message();
 }
 
+TEST(Room, PrefillRankWithoutDestinationConcludesAtOnce) {
+  // 2 heads over prefill TP 4 to decode TP 1: head 0 is on prefill 0 and 1,
+  // head 1 on 2 and 3; decode 0 is written by replicas 0 and 2 only.
+  auto c = Cluster::start(shape(2, 4, 1));
+  ASSERT_NE(c, nullptr);
+  std::vector<std::unique_ptr<Sender>> tx;
+  for (auto& e : c->prefill) {
+    tx.push_back(std::move(e->sender(14, "decode")).value());
+    ASSERT_TRUE(tx.back()->init(2).is_ok());
+  }
+  // No decode rank has said anything about room 14.
+  // Ranks 1 and 3 are done; 0 and 2 wait for decode 0's metadata.
+  ASSERT_TRUE(poll_until([&] {
+    return tx[1]->poll() == PollState::kSuccess && tx[3]->poll() == PollState::kSuccess &&
+           tx[0]->poll() == PollState::kWaitingForInput &&
+           tx[2]->poll() == PollState::kWaitingForInput;
+  })) << poll_state_name(tx[0]->poll())
+      << " " << poll_state_name(tx[1]->poll()) << " " << poll_state_name(tx[2]->poll()) << " "
+      << poll_state_name(tx[3]->poll());
+}
+
 TEST(Timeout, DecodeWaitingForData) {
   ClusterSpec spec = shape(8, 2, 1);
   spec.timeouts.waiting_for_data = 300ms;

@@ -112,5 +112,32 @@ TEST(PeerDeath, KilledDecodeFailsThePrefillRoomNamingIt) {
       << tx->failure().message();
 }
 
+TEST(PeerDeath, RestartedPrefillReplacesItsOldIncarnation) {
+  auto c = Cluster::start(one_side(false));
+  ASSERT_NE(c, nullptr);
+  std::vector<uint64_t> pages(4);
+  std::iota(pages.begin(), pages.end(), 0);
+  auto old_room = [&] {
+    PeerProcess first("prefill", c->bootstrap_address(), 80);
+    EXPECT_TRUE(first.ready());
+    auto rx = std::move(c->decode[0]->receiver(80, "prefill")).value();
+    EXPECT_TRUE(rx->init().is_ok());
+    EXPECT_TRUE(rx->send_metadata(pages).is_ok());
+    EXPECT_TRUE(poll_until([&] { return rx->poll() == PollState::kTransferring; }));
+    first.kill_now();
+    EXPECT_TRUE(poll_until([&] { return rx->poll() == PollState::kFailed; }, 2s));
+    return rx;
+  }();
+  // The same rank comes back (a new process, a new incarnation) and serves a new room.
+  PeerProcess second("prefill", c->bootstrap_address(), 81);
+  ASSERT_TRUE(second.ready());
+  auto rx = std::move(c->decode[0]->receiver(81, "prefill")).value();
+  ASSERT_TRUE(rx->init().is_ok());
+  ASSERT_TRUE(rx->send_metadata(pages).is_ok());
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kTransferring; }))
+      << rx->failure().to_string();
+  EXPECT_EQ(old_room->poll(), PollState::kFailed);  // never resurrected by the new incarnation
+}
+
 }  // namespace
 }  // namespace pdkv
