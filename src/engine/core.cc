@@ -215,15 +215,7 @@ void EngineCore::shutdown() {
   }
 }
 
-proto::RankRef EngineCore::self_ref() const {
-  proto::RankRef ref;
-  ref.set_engine_id(self_.engine_id());
-  ref.set_dp_rank(self_.dp_rank());
-  ref.set_tp_rank(self_.tp_rank());
-  ref.set_pp_rank(self_.pp_rank());
-  ref.set_incarnation(self_.incarnation());
-  return ref;
-}
+proto::RankRef EngineCore::self_ref() const { return ref_of(self_); }
 
 std::shared_ptr<PeerLink> EngineCore::link_to(const proto::RankInfo& peer) {
   return links_->get(peer.control_address(), peer.incarnation(), describe(peer));

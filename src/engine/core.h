@@ -35,6 +35,9 @@ namespace pdkv::engine {
 using Clock = std::chrono::steady_clock;
 using Action = std::function<void()>;
 
+// Deadline of one control call to a peer (a lost peer cancels it sooner).
+inline constexpr auto kControlCallTimeout = std::chrono::seconds(5);
+
 // The peer engine of a room, as looked up in the bootstrap service.
 struct PeerEngine {
   enum class Lookup { kPending, kReady, kFailed } lookup = Lookup::kPending;

@@ -7,12 +7,6 @@
 #include "log.h"
 
 namespace pdkv::engine {
-namespace {
-
-constexpr auto kControlCallTimeout = std::chrono::seconds(5);
-
-}  // namespace
-
 Status EngineCore::open_decode_room(RoomId id, const std::string& prefill_engine, uint32_t dp) {
   if (config_.role != Role::kDecode) {
     return Status::failed_precondition("receiver() needs a decode engine; this one is prefill");

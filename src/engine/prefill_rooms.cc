@@ -11,8 +11,6 @@
 namespace pdkv::engine {
 namespace {
 
-constexpr auto kControlCallTimeout = std::chrono::seconds(5);
-
 RankKey key_of(const proto::RankRef& r) { return {r.tp_rank(), r.pp_rank()}; }
 
 std::string names_of(const std::map<RankKey, Destination>& dests,

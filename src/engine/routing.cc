@@ -23,6 +23,16 @@ std::string describe(const proto::RankInfo& r) {
   return fmt::format("{} dp {} tp {} pp {}", r.engine_id(), r.dp_rank(), r.tp_rank(), r.pp_rank());
 }
 
+proto::RankRef ref_of(const proto::RankInfo& r) {
+  proto::RankRef ref;
+  ref.set_engine_id(r.engine_id());
+  ref.set_dp_rank(r.dp_rank());
+  ref.set_tp_rank(r.tp_rank());
+  ref.set_pp_rank(r.pp_rank());
+  ref.set_incarnation(r.incarnation());
+  return ref;
+}
+
 const proto::RankInfo& Topology::at(RankKey key) const {
   return ranks[size_t{key.pp} * tp_size() + key.tp];
 }

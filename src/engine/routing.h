@@ -25,7 +25,8 @@ struct RankKey {
   auto operator<=>(const RankKey&) const = default;
 };
 
-std::string describe(const proto::RankInfo& rank);  // "decode-a dp 0 tp 1 pp 0"
+std::string describe(const proto::RankInfo& rank);   // "decode-a dp 0 tp 1 pp 0"
+proto::RankRef ref_of(const proto::RankInfo& rank);  // how messages name a rank
 
 // Everything one prefill rank writes to one decode rank.
 struct Link {

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "bootstrap/client.h"
+#include "engine/routing.h"
 #include "pdkv.grpc.pb.h"
 #include "support/cluster.h"
 
@@ -18,13 +19,9 @@ namespace {
 using namespace std::chrono_literals;
 using testing::Cluster;
 using testing::ClusterSpec;
+using testing::first_pages;
 using testing::poll_until;
-
-std::vector<uint64_t> first_pages(uint64_t n, uint64_t from = 0) {
-  std::vector<uint64_t> p(n);
-  std::iota(p.begin(), p.end(), from);
-  return p;
-}
+using testing::shape;
 
 class BadInput : public ::testing::Test {
  protected:
@@ -45,23 +42,13 @@ class BadInput : public ::testing::Test {
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
 
-  proto::RankRef ref(const proto::RankInfo& r) {
-    proto::RankRef x;
-    x.set_engine_id(r.engine_id());
-    x.set_dp_rank(r.dp_rank());
-    x.set_tp_rank(r.tp_rank());
-    x.set_pp_rank(r.pp_rank());
-    x.set_incarnation(r.incarnation());
-    return x;
-  }
-
   // Metadata as decode rank `d` would send it, straight to prefill rank `p`.
   grpc::Status send_info(int p, int d, RoomId room, const std::vector<uint64_t>& pages,
                          uint32_t version = proto::PROTOCOL_VERSION_CURRENT) {
     proto::TransferInfo info;
     info.set_protocol_version(version);
     info.set_room(room);
-    *info.mutable_decode() = ref(decode_ranks_[d]);
+    *info.mutable_decode() = engine::ref_of(decode_ranks_[d]);
     info.mutable_dst_pages()->Add(pages.begin(), pages.end());
     proto::ControlReply reply;
     grpc::ClientContext ctx;
@@ -73,7 +60,7 @@ class BadInput : public ::testing::Test {
     proto::RoomStatus st;
     st.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
     st.set_room(room);
-    *st.mutable_prefill() = ref(prefill_ranks_[p]);
+    *st.mutable_prefill() = engine::ref_of(prefill_ranks_[p]);
     st.set_success(success);
     st.set_reason(reason);
     st.set_code(static_cast<uint32_t>(StatusCode::kInternal));

@@ -12,23 +12,11 @@ namespace {
 using namespace std::chrono_literals;
 using testing::Cluster;
 using testing::ClusterSpec;
+using testing::first_pages;
 using testing::poll_until;
+using testing::shape;
 
 bool ended(PollState s) { return s == PollState::kSuccess || s == PollState::kFailed; }
-
-std::vector<uint64_t> first_pages(uint64_t n, uint64_t from = 0) {
-  std::vector<uint64_t> p(n);
-  std::iota(p.begin(), p.end(), from);
-  return p;
-}
-
-ClusterSpec shape(uint32_t heads, uint32_t p_tp, uint32_t d_tp) {
-  ClusterSpec s;
-  s.kv.total_heads = heads;
-  s.prefill_tp = p_tp;
-  s.decode_tp = d_tp;
-  return s;
-}
 
 struct Room {
   std::vector<std::unique_ptr<Sender>> senders;

@@ -12,7 +12,9 @@ namespace {
 
 using testing::Cluster;
 using testing::ClusterSpec;
+using testing::first_pages;
 using testing::poll_until;
+using testing::shape;
 
 struct Case {
   std::string name;
@@ -20,14 +22,6 @@ struct Case {
   int chunks = 1;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-ClusterSpec shape(uint32_t heads, uint32_t p_tp, uint32_t d_tp) {
-  ClusterSpec s;
-  s.kv.total_heads = heads;
-  s.prefill_tp = p_tp;
-  s.decode_tp = d_tp;
-  return s;
-}
 
 std::vector<uint64_t> pages_of(uint64_t count, uint64_t pool, uint32_t seed) {
   std::vector<uint64_t> all(pool);

@@ -37,6 +37,21 @@ RankMemory allocate(const KvSpec& kv, const ClusterSpec& c, const RankGeometry& 
   return m;
 }
 
+// visit(offset, value) for every state byte of `slots`; slot i of a room holds
+// the values of (room + i), in [slot][local layer][local channel][byte].
+template <typename F>
+void for_each_state_byte(const RankGeometry& g, uint64_t cb, const std::vector<uint32_t>& slots,
+                         uint64_t room, F&& visit) {
+  for (size_t s = 0; s < slots.size(); ++s)
+    for (uint32_t l = 0; l < g.layers.count; ++l)
+      for (uint32_t ch = 0; ch < g.channels.count; ++ch)
+        for (uint64_t b = 0; b < cb; ++b) {
+          const uint64_t off =
+              ((uint64_t{slots[s]} * g.layers.count + l) * g.channels.count + ch) * cb + b;
+          visit(off, Cluster::state_byte(g.layers.first + l, g.channels.first + ch, b, room + s));
+        }
+}
+
 }  // namespace
 
 EnginePools RankMemory::pools() {
@@ -117,16 +132,8 @@ void Cluster::fill(uint64_t room, const std::vector<uint64_t>& pages, uint32_t a
     for (uint64_t i = 0; i < spec_.aux_bytes; ++i) {
       m.aux[aux_slot * spec_.aux_bytes + i] = std::byte{aux_byte(room, i)};
     }
-    const uint64_t cb = spec_.state.channel_bytes;
-    for (size_t s = 0; s < state_slots.size(); ++s)
-      for (uint32_t l = 0; l < g.layers.count; ++l)
-        for (uint32_t ch = 0; ch < g.channels.count; ++ch)
-          for (uint64_t b = 0; b < cb; ++b) {
-            const uint64_t off =
-                ((uint64_t{state_slots[s]} * g.layers.count + l) * g.channels.count + ch) * cb + b;
-            m.state[off] =
-                std::byte{state_byte(g.layers.first + l, g.channels.first + ch, b, room + s)};
-          }
+    for_each_state_byte(g, spec_.state.channel_bytes, state_slots, room,
+                        [&](uint64_t off, uint8_t v) { m.state[off] = std::byte{v}; });
   }
   for (size_t r = 0; r < decode.size(); ++r) {
     RankMemory& m = decode_memory[r];
@@ -177,15 +184,8 @@ std::string Cluster::verify(uint64_t room, const std::vector<uint64_t>& pages, u
     }
     std::vector<uint8_t> state(m.state.size());
     for (uint64_t o = 0; o < state.size(); ++o) state[o] = untouched_byte(uint32_t(r), 901, o);
-    const uint64_t cb = spec_.state.channel_bytes;
-    for (size_t s = 0; s < state_slots.size(); ++s)
-      for (uint32_t l = 0; l < g.layers.count; ++l)
-        for (uint32_t ch = 0; ch < g.channels.count; ++ch)
-          for (uint64_t b = 0; b < cb; ++b) {
-            const uint64_t off =
-                ((uint64_t{state_slots[s]} * g.layers.count + l) * g.channels.count + ch) * cb + b;
-            state[off] = state_byte(g.layers.first + l, g.channels.first + ch, b, room + s);
-          }
+    for_each_state_byte(g, spec_.state.channel_bytes, state_slots, room,
+                        [&](uint64_t off, uint8_t v) { state[off] = v; });
     for (uint64_t o = 0; o < state.size(); ++o) {
       if (std::to_integer<uint8_t>(m.state[o]) != state[o]) {
         return fmt::format("decode rank {} state byte {}: {} != expected {}", r, o,

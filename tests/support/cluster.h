@@ -64,6 +64,22 @@ class Cluster {
   std::unique_ptr<BootstrapServer> bootstrap_;
 };
 
+// A cluster of `heads` KV heads, prefill TP `p_tp`, decode TP `d_tp`, else defaults.
+inline ClusterSpec shape(uint32_t heads, uint32_t p_tp, uint32_t d_tp) {
+  ClusterSpec s;
+  s.kv.total_heads = heads;
+  s.prefill_tp = p_tp;
+  s.decode_tp = d_tp;
+  return s;
+}
+
+// Pages from, from + 1, ..., from + n - 1.
+inline std::vector<uint64_t> first_pages(uint64_t n, uint64_t from = 0) {
+  std::vector<uint64_t> p(n);
+  for (uint64_t i = 0; i < n; ++i) p[i] = from + i;
+  return p;
+}
+
 // Polls `done` until it holds or `limit` passes; the API's own poll() model,
 // not a sleep standing in for synchronisation. Returns whether it held.
 template <typename Pred>
