@@ -65,7 +65,8 @@ struct TransportCapabilities {
   bool host_memory = true;
   bool cuda_memory = false;  // can register and write CUDA device memory directly
   bool hip_memory = false;
-  bool reads = false;  // one-sided reads as well as writes
+  bool reads = false;          // one-sided reads as well as writes
+  bool notifications = false;  // write_and_notify / take_notifications
 };
 
 // Settings a backend understands (e.g. {"rails", "4"}); unknown keys are an error.
@@ -92,6 +93,17 @@ class Transport {
   virtual Result<BatchId> write(PeerId peer, std::span<const WriteOp> ops) = 0;
   // kDone and kFailed end the batch: a later poll of the same id is not_found.
   virtual BatchStatus poll(BatchId batch) = 0;
+
+  // As write(), then, once the bytes are visible at the peer, delivers
+  // `notification` (a few hundred bytes at most) to it, where
+  // take_notifications() returns it. Only with capabilities().notifications.
+  virtual Result<BatchId> write_and_notify(PeerId peer, std::span<const WriteOp> ops,
+                                           std::string_view notification) {
+    (void)peer, (void)ops, (void)notification;
+    return Status::failed_precondition(std::string(name()) + " has no notifications");
+  }
+  // Notifications received since the last call, in arrival order.
+  virtual std::vector<std::string> take_notifications() { return {}; }
 
   // Called once per peer that fails, whether the backend detected it or the
   // protocol layer reported it through fail_peer.
