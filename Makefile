@@ -1,7 +1,7 @@
 # The front door. Every target installs missing Debian packages first, so a
 # fresh Debian 12 machine needs nothing but `make demo` or `make test`.
 #
-#   make demo            build, then show what pdkv does on a heterogeneous example
+#   make demo            build, then move requests prefill TP 2 -> decode TP 4 through real processes
 #   make test            build, then run every test not labelled `slow`
 #   make test-slow       the long runs (soak, benchmarks-as-tests), on demand
 #   make test-sanitize   ASan + UBSan build in build-asan/, same test set
@@ -33,12 +33,11 @@ build: deps
 	$(call build_tree,build,)
 
 demo: build
-	@echo "== which prefill rank sends which KV heads to whom (2 KV heads, TP 1 -> 4) =="
-	build/bin/pdkv plan --kv-heads 2 --prefill-tp 1 --decode-tp 4
+	@echo "== which prefill rank sends which KV heads to whom (8 KV heads, TP 2 -> 4) =="
+	build/bin/pdkv plan --kv-heads 8 --prefill-tp 2 --decode-tp 4
 	@echo
-	@echo "== the same as JSON, and the fragments for a 64-page request of 4 layers =="
-	build/bin/pdkv plan --kv-heads 2 --prefill-tp 1 --decode-tp 4 --json
-	build/bin/pdkv plan --kv-heads 2 --prefill-tp 1 --decode-tp 4 --pages 64 --layers 4
+	@echo "== a local cluster: bootstrap + 2 prefill + 4 decode processes over UCX, every byte checked =="
+	build/bin/pdkv run --backend nixl --prefill-tp 2 --decode-tp 4 --kv-heads 8 --requests 32 --tokens 512
 
 test: build
 	cd build && $(CTEST) -LE slow

@@ -5,15 +5,20 @@
 // (base, length, rkey). A batch is one ucp_put_nbx per write followed by an
 // endpoint flush: the flush completing is UCX's statement that every put is
 // visible at the peer, and only then is the batch done and its notification
-// (a UCX active message) sent. Endpoints use UCP_ERR_HANDLING_MODE_PEER, so a
-// dead peer fails its batches instead of hanging them.
+// (a UCX active message) sent. A
+// dead peer fails its batches instead of hanging them: through UCX's own
+// peer error handling when enabled (option error_handling=peer), and always
+// through fail_peer(), the protocol layer's liveness signal.
 //
 // Threading: every UCX call runs on one progress thread that owns the worker
-// (UCS_THREAD_MODE_SINGLE); API calls hand it tasks and wake it with
-// ucp_worker_signal. Idle, it sleeps on the worker's event fd. UCX reads its
-// usual UCX_* environment variables (UCX_TLS, UCX_NET_DEVICES, ...).
+// (UCS_THREAD_MODE_SINGLE); API calls hand it tasks through a queue. While
+// batches are in flight it drives ucp_worker_progress continuously; idle, it
+// sleeps on the queue's condition variable and wakes every few milliseconds
+// to progress what arrives unasked (notifications, keepalive). It does not
+// use UCP_FEATURE_WAKEUP: asking for it makes UCX drop its shared-memory
+// transports (posix, sysv, cma), leaving TCP at a tenth of the bandwidth.
+// UCX reads its usual UCX_* environment variables (UCX_TLS, UCX_NET_DEVICES, ...).
 #include <fmt/format.h>
-#include <poll.h>
 #include <ucp/api/ucp.h>
 
 #include <condition_variable>
@@ -104,11 +109,17 @@ class NixlTransport final : public Transport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string worker_address_;
-  int event_fd_ = -1;  // -1: the worker has no wakeup; poll on a timer instead
   TransportCapabilities caps_;
+  // UCP_ERR_HANDLING_MODE_PEER is an option, not the default: with UCX 1.13
+  // (Debian 12) it excludes the shared-memory transports, and its TCP
+  // transport asserts (tcp_ep.c:478) when peers leave while connections are
+  // set up. Dead peers are then found by the protocol layer's liveness
+  // (control-connection Watch + keepalive), which calls fail_peer().
+  bool peer_error_handling_ = false;
 
   mutable std::mutex mu_;
   std::deque<std::function<void()>> tasks_;
+  std::condition_variable tasks_cv_;
   bool stopping_ = false;
   std::vector<LocalRegion> regions_;
   std::map<PeerId, Peer> peers_;
@@ -124,12 +135,20 @@ class NixlTransport final : public Transport {
 };
 
 Result<std::unique_ptr<Transport>> NixlTransport::create(const TransportOptions& options) {
-  if (!options.empty()) {
-    return Status::invalid_argument(fmt::format(
-        "nixl option '{}' unknown: configure UCX through its UCX_* environment variables",
-        options.begin()->first));
-  }
   std::unique_ptr<NixlTransport> t(new NixlTransport);
+  for (const auto& [key, value] : options) {
+    if (key == "error_handling" && (value == "peer" || value == "none")) {
+      t->peer_error_handling_ = value == "peer";
+    } else {
+      return Status::invalid_argument(fmt::format(
+          "nixl option '{}={}' unknown (error_handling=peer|none; UCX itself is configured "
+          "through its UCX_* environment variables)",
+          key, value));
+    }
+  }
+  if (const char* mode = std::getenv("PDKV_NIXL_ERROR_HANDLING")) {
+    t->peer_error_handling_ = std::string_view(mode) != "none";
+  }
   PDKV_RETURN_IF_ERROR(t->init());
   return std::unique_ptr<Transport>(std::move(t));
 }
@@ -145,7 +164,7 @@ Status NixlTransport::init() {
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
   st = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (st != UCS_OK) return ucx_error("ucp_init", st);
@@ -169,7 +188,6 @@ Status NixlTransport::init() {
   if (st != UCS_OK) return ucx_error("ucp_worker_get_address", st);
   worker_address_.assign(reinterpret_cast<const char*>(address), address_length);
   ucp_worker_release_address(worker_, address);
-  if (ucp_worker_get_efd(worker_, &event_fd_) != UCS_OK) event_fd_ = -1;
 
   ucp_am_handler_param_t am{};
   am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -204,7 +222,7 @@ NixlTransport::~NixlTransport() {
       std::lock_guard lock(mu_);
       stopping_ = true;
     }
-    if (worker_) ucp_worker_signal(worker_);
+    tasks_cv_.notify_all();
     progress_.join();
   }
   for (auto& r : regions_) {
@@ -219,7 +237,7 @@ void NixlTransport::post(std::function<void()> task) {
     std::lock_guard lock(mu_);
     tasks_.push_back(std::move(task));
   }
-  ucp_worker_signal(worker_);  // documented as callable from any thread
+  tasks_cv_.notify_one();
 }
 
 template <typename F>
@@ -231,38 +249,21 @@ auto NixlTransport::run(F&& task) -> decltype(task()) {
 }
 
 void NixlTransport::progress_loop() {
+  constexpr auto kIdleTick = std::chrono::milliseconds(2);
+  std::unique_lock lock(mu_);
   while (true) {
+    if (stopping_ && tasks_.empty() && in_flight_ == 0) break;
+    if (tasks_.empty() && in_flight_ == 0) {
+      tasks_cv_.wait_for(lock, kIdleTick, [this] { return stopping_ || !tasks_.empty(); });
+    }
     std::deque<std::function<void()>> tasks;
-    bool busy;
-    {
-      std::lock_guard lock(mu_);
-      if (stopping_ && tasks_.empty() && in_flight_ == 0) break;
-      if (stopping_ && tasks_.empty()) {
-        // Endpoints are closed: what is left fails with them; keep progressing.
-      }
-      tasks.swap(tasks_);
-      busy = in_flight_ > 0;
-    }
+    tasks.swap(tasks_);
+    lock.unlock();
     for (auto& task : tasks) task();
-    while (ucp_worker_progress(worker_) != 0) {
-    }
-    {
-      std::lock_guard lock(mu_);
-      if (!tasks_.empty()) continue;
-      busy = in_flight_ > 0;
-      if (stopping_ && in_flight_ == 0) break;
-    }
-    if (event_fd_ < 0) {
-      // No wakeup support among the chosen transports: a short timer.
-      std::this_thread::sleep_for(std::chrono::microseconds(busy ? 20 : 1000));
-      continue;
-    }
-    const ucs_status_t armed = ucp_worker_arm(worker_);
-    if (armed == UCS_ERR_BUSY) continue;  // events arrived meanwhile
-    pollfd fd{event_fd_, POLLIN, 0};
-    // Some transports complete without an event (shared memory polls): while
-    // batches are in flight the wait is short; idle, it is long.
-    ::poll(&fd, 1, busy ? 1 : 200);
+    unsigned events = 0;
+    while (ucp_worker_progress(worker_) != 0) ++events;
+    if (events == 0 && tasks.empty()) std::this_thread::yield();  // in flight, nothing new
+    lock.lock();
   }
 }
 
@@ -272,9 +273,9 @@ Result<RegionKey> NixlTransport::register_region(const MemoryRegion& region) {
   }
   if ((region.kind == MemoryKind::kCuda && !caps_.cuda_memory) ||
       (region.kind == MemoryKind::kHip && !caps_.hip_memory)) {
-    return Status::invalid_argument(fmt::format(
-        "nixl: this UCX build cannot register {} memory (stage through host memory)",
-        memory_kind_name(region.kind)));
+    return Status::invalid_argument(
+        fmt::format("nixl: this UCX build cannot register {} memory (stage through host memory)",
+                    memory_kind_name(region.kind)));
   }
   return run([&]() -> Result<RegionKey> {
     ucp_mem_map_params_t mp{};
@@ -340,7 +341,7 @@ Result<PeerId> NixlTransport::connect(std::string_view desc) {
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_mode = peer_error_handling_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     ep.err_handler.cb = &NixlTransport::on_peer_error;
     ep.err_handler.arg = arg.get();
     Peer peer;
@@ -376,20 +377,21 @@ Result<BatchId> NixlTransport::write_and_notify(PeerId peer_id, std::span<const 
     for (size_t i = 0; i < ops.size(); ++i) {
       const WriteOp& op = ops[i];
       if (op.local_region >= regions_.size()) {
-        return Status::out_of_range(fmt::format("write {}: local region {} is not registered ({} are)",
-                                                i, op.local_region, regions_.size()));
+        return Status::out_of_range(
+            fmt::format("write {}: local region {} is not registered ({} are)", i, op.local_region,
+                        regions_.size()));
       }
       const uint64_t local_len = regions_[op.local_region].region.length;
       if (op.local_offset > local_len || op.length > local_len - op.local_offset) {
-        return Status::out_of_range(fmt::format(
-            "write {}: local bytes [{}, {}) outside local region {} of {} bytes", i,
-            op.local_offset, op.local_offset + op.length, op.local_region, local_len));
+        return Status::out_of_range(
+            fmt::format("write {}: local bytes [{}, {}) outside local region {} of {} bytes", i,
+                        op.local_offset, op.local_offset + op.length, op.local_region, local_len));
       }
       const auto& remote = peer->second.regions;
       if (op.remote_region >= remote.size()) {
-        return Status::out_of_range(fmt::format(
-            "write {}: remote region {} is not in the peer's descriptor ({} are)", i,
-            op.remote_region, remote.size()));
+        return Status::out_of_range(
+            fmt::format("write {}: remote region {} is not in the peer's descriptor ({} are)", i,
+                        op.remote_region, remote.size()));
       }
       const uint64_t remote_len = remote[op.remote_region].length;
       if (op.remote_offset > remote_len || op.length > remote_len - op.remote_offset) {
@@ -475,9 +477,9 @@ void NixlTransport::finish_batch(BatchId id, ucs_status_t status) {
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = UCP_AM_SEND_FLAG_EAGER;
-    ucs_status_ptr_t req = ucp_am_send_nbx(peer.ep, kNotifyAmId, nullptr, 0,
-                                           batch.notification.data(), batch.notification.size(),
-                                           &param);
+    ucs_status_ptr_t req =
+        ucp_am_send_nbx(peer.ep, kNotifyAmId, nullptr, 0, batch.notification.data(),
+                        batch.notification.size(), &param);
     if (UCS_PTR_IS_ERR(req)) {
       batch.status = {BatchState::kFailed, ucx_error("notification", UCS_PTR_STATUS(req))};
       return;

@@ -2,14 +2,20 @@
 #include <cstdio>
 #include <vector>
 
+#include <spdlog/cfg/env.h>
+
 #include "cli/command.h"
 
 int main(int argc, char** argv) {
+  // Log levels from SPDLOG_LEVEL (e.g. "warn", or "engine=debug"); pdkv run
+  // starts its workers with "warn" unless the user chose.
+  spdlog::cfg::load_env_levels();
   CLI::App app{"pdkv: KV-cache transfer between prefill and decode ranks"};
   app.require_subcommand(1);
   const std::vector<pdkv::cli::Command> commands = {
-      pdkv::cli::add_plan_command(app),
-      pdkv::cli::add_bootstrap_command(app),
+      pdkv::cli::add_plan_command(app),    pdkv::cli::add_bootstrap_command(app),
+      pdkv::cli::add_prefill_command(app), pdkv::cli::add_decode_command(app),
+      pdkv::cli::add_run_command(app),
   };
 
   try {

@@ -10,5 +10,7 @@ namespace pdkv::engine {
 
 class EngineCore;
 std::unique_ptr<grpc::Service> make_control_service(EngineCore* core);
+// Shutdown, first step: end the peers' Watch streams, refuse new ones.
+void close_watches(grpc::Service& service);
 
 }  // namespace pdkv::engine

@@ -196,16 +196,19 @@ void EngineCore::shutdown() {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
-  wake();
+  wake();  // also ends handlers waiting on a lookup or for writes to drain
   if (worker_.joinable()) worker_.join();
   actions_cv_.notify_all();
   for (auto& t : action_threads_) {
     if (t.joinable()) t.join();  // after running the failure notices still queued
   }
-  // Cancels what is still open (peers' Watch streams among it) at once; the
+  // Watch streams never end by themselves: end them, then give unary calls in
+  // progress a moment to deliver their replies (a success report's
+  // acknowledgement must reach the prefill even as this rank leaves). The
   // service object must outlive every handler thread of the server.
   if (server_) {
-    server_->Shutdown(std::chrono::system_clock::now());
+    close_watches(*service_);
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     server_->Wait();
     server_.reset();
   }
@@ -351,20 +354,34 @@ void EngineCore::on_peer_lost(const std::string& key, const Status& reason) {
   std::optional<PeerId> transport_peer;
   {
     std::lock_guard lock(mu_);
-    logger("engine")->warn("{}", reason.message());
     auto key_of = [](const proto::RankInfo& r) {
       return PeerLinks::key_of(r.control_address(), r.incarnation());
     };
+    // Only rooms that still wait on that peer fail: a destination that
+    // acknowledged (or is acknowledging), or a source that reported, owes
+    // this room nothing more.
+    size_t affected = 0;
     for (auto& [id, room] : prefill_rooms_) {
       for (auto& [k, dest] : room->destinations) {
-        if (key_of(dest.rank) == key) fail_prefill(*room, reason);
+        // A success report in flight is decided by its reply, not by the loss.
+        if (key_of(dest.rank) == key && !dest.reported && !dest.report_pending &&
+            !room->state.terminal()) {
+          fail_prefill(*room, reason);
+          ++affected;
+        }
       }
     }
     for (auto& [id, room] : decode_rooms_) {
       for (auto& [k, source] : room->sources) {
-        if (key_of(source.rank) == key) fail_decode(*room, reason);
+        if (key_of(source.rank) == key && !source.reported && !room->state.terminal()) {
+          fail_decode(*room, reason);
+          ++affected;
+        }
       }
     }
+    // A peer that leaves when nothing waits on it is news, not a warning.
+    logger("engine")->log(affected ? spdlog::level::warn : spdlog::level::info, "{}",
+                          reason.message());
     // A restarted peer registers a new incarnation: look its engine up afresh.
     for (auto it = peers_.begin(); it != peers_.end();) {
       bool stale = false;
@@ -393,7 +410,8 @@ void EngineCore::on_transport_peer_failed(PeerId peer, const Status& reason) {
       Status::unavailable(fmt::format("transport lost peer {}: {}", key, reason.message()));
   for (auto& [id, room] : prefill_rooms_) {
     for (auto& [k, dest] : room->destinations) {
-      if (PeerLinks::key_of(dest.rank.control_address(), dest.rank.incarnation()) == key) {
+      if (PeerLinks::key_of(dest.rank.control_address(), dest.rank.incarnation()) == key &&
+          !dest.reported && !dest.report_pending) {
         fail_prefill(*room, why);
       }
     }

@@ -67,13 +67,17 @@ void PeerLink::watch(const proto::RankRef& self, std::chrono::milliseconds keepa
     }
     const grpc::Status s = stream->Finish();
     if (stopping_) return;
+    // A peer shutting down ends the stream itself (OK or CANCELLED): replies
+    // it already decided are still on their way, so calls in flight finish on
+    // their own. Any other end (reset, keepalive timeout) is a death: cancel them.
+    const bool leaving = s.ok() || s.error_code() == grpc::StatusCode::CANCELLED;
     const Status reason =
         Status::unavailable(fmt::format("control connection to {} lost: {}", name_,
                                         s.ok() ? "the peer closed it" : s.error_message()));
     {
       std::lock_guard lock(mu_);
       lost_reason_ = reason;
-      cancel_calls();
+      if (!leaving) cancel_calls();
     }
     lost(reason);
   });

@@ -491,7 +491,7 @@ Status EngineCore::on_abort(const proto::AbortRequest& request) {
   const RankKey key = dest->first;
   const bool drained = cv_.wait_for(lock, config_.timeouts.transfer, [&] {
     PrefillRoom* r = find_prefill(id);
-    return r == nullptr || r->destinations.at(key).in_flight.empty();
+    return stopping_ || r == nullptr || r->destinations.at(key).in_flight.empty();
   });
   if (!drained) {
     return Status::deadline_exceeded(

@@ -78,7 +78,8 @@ class Conformance : public ::testing::TestWithParam<Backend> {
 TEST_P(Conformance, WritesFromOneByteTo64MiB) {
   connect(64 << 20);
   size_t offset = 0;
-  for (size_t size : {size_t{1}, size_t{7}, size_t{4096}, size_t{(1 << 20) + 3}, size_t{48 << 20}}) {
+  for (size_t size :
+       {size_t{1}, size_t{7}, size_t{4096}, size_t{(1 << 20) + 3}, size_t{48 << 20}}) {
     // Odd offsets on both sides, distinct per size.
     const size_t src_off = offset + 3, dst_off = (offset * 7 + 5) % ((64 << 20) - size);
     std::fill(dst_.begin(), dst_.end(), 0xEE);
@@ -130,7 +131,8 @@ TEST_P(Conformance, ManyBatchesInFlight) {
   for (size_t i = 0; i < 128; ++i) {
     ASSERT_EQ(std::memcmp(dst_.data() + (127 - i) * 65536, src_.data() + i * 65536, 65536), 0) << i;
   }
-  EXPECT_EQ(sender_->poll(batches[0]).error.code(), StatusCode::kNotFound);  // ended batches are gone
+  EXPECT_EQ(sender_->poll(batches[0]).error.code(),
+            StatusCode::kNotFound);  // ended batches are gone
 }
 
 TEST_P(Conformance, WriteOutsideARegionIsRefusedNotACrash) {
@@ -141,8 +143,9 @@ TEST_P(Conformance, WriteOutsideARegionIsRefusedNotACrash) {
                                            "4096 bytes"),
             std::string::npos)
       << beyond.status().message();
-  EXPECT_EQ(sender_->write(peer_, std::vector<WriteOp>{{src_key_, 4095, dst_key_, 0, 2}}).status().code(),
-            StatusCode::kOutOfRange);
+  EXPECT_EQ(
+      sender_->write(peer_, std::vector<WriteOp>{{src_key_, 4095, dst_key_, 0, 2}}).status().code(),
+      StatusCode::kOutOfRange);
   EXPECT_EQ(sender_->write(peer_, std::vector<WriteOp>{{9, 0, dst_key_, 0, 1}}).status().code(),
             StatusCode::kOutOfRange);
   EXPECT_EQ(sender_->write(peer_, std::vector<WriteOp>{{src_key_, 0, 9, 0, 1}}).status().code(),
@@ -157,7 +160,8 @@ TEST_P(Conformance, WriteOutsideARegionIsRefusedNotACrash) {
 }
 
 TEST_P(Conformance, NotificationArrivesAfterTheBytes) {
-  if (!sender_->capabilities().notifications) GTEST_SKIP() << GetParam().name << " has no notifications";
+  if (!sender_->capabilities().notifications)
+    GTEST_SKIP() << GetParam().name << " has no notifications";
   connect(1 << 20);
   auto batch = sender_->write_and_notify(
       peer_, std::vector<WriteOp>{{src_key_, 0, dst_key_, 0, 1 << 20}}, "room 7 done");
@@ -185,8 +189,9 @@ TEST_P(Conformance, PeerKilledMidBatch) {
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&actions, out[0]);
   const std::string backend = GetParam().name, bytes = std::to_string(64 << 20);
-  std::vector<char*> argv = {const_cast<char*>(PDKV_BACKEND_PEER), const_cast<char*>(backend.c_str()),
-                             const_cast<char*>(bytes.c_str()), nullptr};
+  std::vector<char*> argv = {const_cast<char*>(PDKV_BACKEND_PEER),
+                             const_cast<char*>(backend.c_str()), const_cast<char*>(bytes.c_str()),
+                             nullptr};
   pid_t pid = -1;
   ASSERT_EQ(posix_spawn(&pid, PDKV_BACKEND_PEER, &actions, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&actions);
@@ -196,7 +201,8 @@ TEST_P(Conformance, PeerKilledMidBatch) {
   for (int c; (c = fgetc(child)) != EOF && c != '\n';) hex.push_back(static_cast<char>(c));
   fclose(child);
   std::string desc;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) desc.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    desc.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   ASSERT_FALSE(desc.empty()) << "the peer process printed no descriptor";
 
   src_.assign(64 << 20, 1);
@@ -206,7 +212,8 @@ TEST_P(Conformance, PeerKilledMidBatch) {
   const PeerId peer = sender_->connect(desc).value();
   std::vector<BatchId> batches;
   for (int i = 0; i < 16; ++i) {
-    batches.push_back(sender_->write(peer, std::vector<WriteOp>{{src_key_, 0, 0, 0, 64 << 20}}).value());
+    batches.push_back(
+        sender_->write(peer, std::vector<WriteOp>{{src_key_, 0, 0, 0, 64 << 20}}).value());
   }
   kill(pid, SIGKILL);
   const auto killed = std::chrono::steady_clock::now();

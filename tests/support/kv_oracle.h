@@ -1,67 +1,13 @@
-// The independent oracle of every byte-exact test: a value for each element
-// of the KV cache, aux data and state, and pool addresses written out from
-// the layout definitions (never from the planner).
+// The tests' oracle is the workers' pattern (src/worker/kv_pattern.h): it is
+// derived from the layout definitions, independently of the planner.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-#include <vector>
-
-#include "pdkv/kv_spec.h"
-#include "pdkv/sharding.h"
+#include "worker/kv_pattern.h"
 
 namespace pdkv::testing {
-
-inline uint8_t mix_byte(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;  // splitmix64
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return static_cast<uint8_t>(x ^ (x >> 31));
-}
-
-// The value of byte `byte` of (layer, K/V, global head, token) for a room.
-inline uint8_t element_byte(uint32_t layer, uint32_t kv, uint32_t head, uint64_t token,
-                            uint64_t byte, uint64_t room = 0) {
-  return mix_byte((uint64_t{layer} << 48) ^ (uint64_t{kv} << 44) ^ (uint64_t{head} << 32) ^
-                  (token << 12) ^ byte ^ (room * 0x100000001b3ULL));
-}
-
-// What an untouched destination byte holds, distinguishable from element_byte.
-inline uint8_t untouched_byte(uint32_t rank, uint32_t buffer, uint64_t offset) {
-  return static_cast<uint8_t>(
-      mix_byte((uint64_t{rank + 1000} << 48) ^ (uint64_t{buffer} << 40) ^ offset ^ 0xabcdefULL) ^
-      0x5a);
-}
-
-// Byte offset of (page, slot, local head) in a buffer, by layout.
-inline uint64_t oracle_offset(const KvSpec& s, uint32_t heads_local, uint64_t page, uint32_t slot,
-                              uint32_t head) {
-  const uint64_t hb = uint64_t{s.head_dim} * s.dtype_bytes;
-  const uint64_t page_base = page * s.page_size * heads_local * hb;
-  if (s.mla || s.layout == Layout::kNhd) {
-    return page_base + (uint64_t{slot} * heads_local + head) * hb;
-  }
-  return page_base + (uint64_t{head} * s.page_size + slot) * hb;
-}
-
-// Calls visit(buffer, offset, expected byte) for every byte that a request's
-// pages hold on a rank owning `heads` and `layers`.
-template <typename F>
-void for_each_element(const KvSpec& s, UnitRange heads, UnitRange layers,
-                      const std::vector<uint64_t>& pages, uint64_t room, F&& visit) {
-  const uint32_t kvs = s.buffers_per_layer();
-  for (uint32_t l = 0; l < layers.count; ++l)
-    for (uint32_t kv = 0; kv < kvs; ++kv)
-      for (uint64_t i = 0; i < pages.size(); ++i)
-        for (uint32_t slot = 0; slot < s.page_size; ++slot)
-          for (uint32_t h = 0; h < heads.count; ++h) {
-            const uint64_t base = oracle_offset(s, heads.count, pages[i], slot, h);
-            for (uint64_t b = 0; b < s.head_bytes(); ++b) {
-              visit(l * kvs + kv, base + b,
-                    element_byte(layers.first + l, kv, heads.first + h, i * s.page_size + slot, b,
-                                 room));
-            }
-          }
-}
-
+using worker::element_byte;
+using worker::for_each_element;
+using worker::mix_byte;
+using worker::oracle_offset;
+using worker::untouched_byte;
 }  // namespace pdkv::testing

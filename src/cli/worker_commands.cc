@@ -1,0 +1,47 @@
+// `pdkv prefill` and `pdkv decode`: one process per rank. Each prints a line
+// "progress N" after every finished request and, last, one JSON summary line.
+#include <cstdio>
+#include <memory>
+
+#include "cli/command.h"
+#include "cli/shape_flags.h"
+#include "worker/worker.h"
+
+namespace pdkv::cli {
+namespace {
+
+int run(const worker::WorkerArgs& args) {
+  auto summary = worker::run_worker(args, [](uint64_t done) {
+    std::printf("progress %llu\n", static_cast<unsigned long long>(done));
+    std::fflush(stdout);
+  });
+  if (!summary.is_ok()) {
+    std::fprintf(stderr, "pdkv %s: %s\n", args.role == Role::kPrefill ? "prefill" : "decode",
+                 summary.status().message().c_str());
+    return summary.status().code() == StatusCode::kInvalidArgument ? kExitInvalidInput
+                                                                    : kExitFailure;
+  }
+  std::printf("%s\n", summary->dump().c_str());
+  std::fflush(stdout);
+  return (*summary)["verified"].get<bool>() ? kExitOk : kExitFailure;
+}
+
+Command add_worker_command(CLI::App& app, Role role) {
+  auto args = std::make_shared<worker::WorkerArgs>();
+  args->role = role;
+  const bool prefill = role == Role::kPrefill;
+  CLI::App* cmd = app.add_subcommand(prefill ? "prefill" : "decode",
+                                     prefill ? "Run one prefill rank (writes KV for every request)"
+                                             : "Run one decode rank (receives and verifies KV)");
+  add_shape_flags(*cmd, args->shape);
+  cmd->add_option("--tp-rank", args->tp_rank, "This rank's TP rank")->required();
+  cmd->add_option("--bootstrap", args->bootstrap, "Bootstrap service host:port")->required();
+  return {cmd, [args] { return run(*args); }};
+}
+
+}  // namespace
+
+Command add_prefill_command(CLI::App& app) { return add_worker_command(app, Role::kPrefill); }
+Command add_decode_command(CLI::App& app) { return add_worker_command(app, Role::kDecode); }
+
+}  // namespace pdkv::cli

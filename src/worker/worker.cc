@@ -1,0 +1,270 @@
+#include "worker/worker.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "worker/kv_pattern.h"
+
+namespace pdkv::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint8_t aux_byte(uint64_t room, uint64_t i) { return mix_byte((room << 24) ^ i ^ 0xa5a5); }
+
+int64_t epoch_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* kv_name(uint32_t kv, bool mla) { return mla ? "latent" : (kv == 0 ? "K" : "V"); }
+
+struct Pools {
+  std::vector<std::vector<std::byte>> kv;
+  std::vector<std::byte> aux;
+  EnginePools regions() {
+    EnginePools p;
+    for (auto& b : kv) p.kv.push_back({b.data(), b.size(), MemoryKind::kHost, 0});
+    p.aux = {aux.data(), aux.size(), MemoryKind::kHost, 0};
+    return p;
+  }
+};
+
+}  // namespace
+
+Status Shape::validate() const {
+  auto positive = [](const char* flag, uint64_t v) {
+    return v > 0 ? Status::ok()
+                 : Status::invalid_argument(fmt::format("{} is 0; it must be at least 1", flag));
+  };
+  PDKV_RETURN_IF_ERROR(positive("--requests", requests));
+  PDKV_RETURN_IF_ERROR(positive("--tokens", tokens));
+  PDKV_RETURN_IF_ERROR(positive("--chunks", chunks));
+  PDKV_RETURN_IF_ERROR(positive("--window", window));
+  PDKV_RETURN_IF_ERROR(positive("--prefill-tp", prefill_tp));
+  PDKV_RETURN_IF_ERROR(positive("--decode-tp", decode_tp));
+  if (chunks > pages_per_request()) {
+    return Status::invalid_argument(fmt::format(
+        "--chunks {} exceeds the {} pages of a request", chunks, pages_per_request()));
+  }
+  if (staging != "auto" && staging != "off" && staging != "on") {
+    return Status::invalid_argument(fmt::format("--staging '{}' is not on, off or auto", staging));
+  }
+  if (staging == "on") {
+    return Status::invalid_argument(
+        "--staging on: the staging path is not wired into the engine yet (use off or auto)");
+  }
+  PDKV_ASSIGN_OR_RETURN(Layout l, parse_layout(layout));
+  (void)l;
+  PDKV_RETURN_IF_ERROR(kv_spec().validate());
+  const uint32_t heads = mla ? 1 : kv_heads;
+  PDKV_RETURN_IF_ERROR(AxisSharding::even(heads, prefill_tp, {"KV heads", "prefill TP"}).status());
+  PDKV_RETURN_IF_ERROR(AxisSharding::even(heads, decode_tp, {"KV heads", "decode TP"}).status());
+  const auto backends = transport_names();
+  if (std::find(backends.begin(), backends.end(), backend) == backends.end()) {
+    return Status::invalid_argument(fmt::format("no transport backend named '{}' (built: {})",
+                                                backend, fmt::join(backends, ", ")));
+  }
+  return Status::ok();
+}
+
+KvSpec Shape::kv_spec() const {
+  return KvSpec{mla ? 1 : kv_heads,
+                head_dim,
+                dtype_bytes,
+                page_size,
+                layers,
+                window * pages_per_request(),
+                parse_layout(layout).is_ok() ? parse_layout(layout).value() : Layout::kNhd,
+                mla};
+}
+
+std::vector<uint64_t> request_pages(const Shape& shape, Role role, uint64_t room) {
+  const uint64_t n = shape.pages_per_request();
+  const uint64_t slot = (room - 1) % shape.window;
+  std::vector<uint64_t> pages(n);
+  std::iota(pages.begin(), pages.end(), slot * n);
+  std::shuffle(pages.begin(), pages.end(),
+               std::mt19937_64(room * 2 + (role == Role::kDecode ? 1 : 0)));
+  return pages;
+}
+
+Result<nlohmann::json> run_worker(const WorkerArgs& args,
+                                  const std::function<void(uint64_t)>& progress) {
+  const Shape& shape = args.shape;
+  PDKV_RETURN_IF_ERROR(shape.validate());
+  const bool prefill = args.role == Role::kPrefill;
+  const uint32_t tp_size = prefill ? shape.prefill_tp : shape.decode_tp;
+  if (args.tp_rank >= tp_size) {
+    return Status::invalid_argument(
+        fmt::format("--tp-rank {} is outside {} TP {}", args.tp_rank, prefill ? "prefill" : "decode", tp_size));
+  }
+  EngineConfig cfg;
+  cfg.role = args.role;
+  cfg.engine_id = prefill ? shape.prefill_engine : shape.decode_engine;
+  cfg.tp_rank = args.tp_rank;
+  cfg.tp_size = tp_size;
+  cfg.kv = shape.kv_spec();
+  cfg.aux_bytes = shape.aux_bytes;
+  cfg.aux_slots = shape.aux_bytes > 0 ? shape.window : 0;
+  cfg.backend = shape.backend;
+  cfg.bootstrap_address = args.bootstrap;
+  PDKV_ASSIGN_OR_RETURN(auto heads_axis,
+                        AxisSharding::even(cfg.kv.total_heads, tp_size,
+                                           {"KV heads", prefill ? "prefill TP" : "decode TP"}));
+  const UnitRange heads = heads_axis.owned(args.tp_rank).value();
+  const UnitRange layers{0, shape.layers};
+
+  Pools pools;
+  pools.kv.assign(shape.layers * cfg.kv.buffers_per_layer(),
+                  std::vector<std::byte>(cfg.kv.num_pages * cfg.kv.page_bytes(heads.count)));
+  pools.aux.resize(std::max<uint64_t>(1, uint64_t{shape.window} * shape.aux_bytes));
+  PDKV_ASSIGN_OR_RETURN(auto engine, Engine::create(cfg, pools.regions()));
+
+  struct InFlight {
+    std::unique_ptr<Sender> sender;
+    std::unique_ptr<Receiver> receiver;
+    Clock::time_point start;
+  };
+  std::map<uint64_t, InFlight> in_flight;  // by room
+  nlohmann::json errors = nlohmann::json::array();
+  std::vector<uint64_t> failed_rooms;
+  std::vector<double> latencies;
+  uint64_t next = 1, done = 0, succeeded = 0, bytes = 0;
+  bool verified = true;
+  const int64_t start_ms = epoch_ms();
+  auto fail = [&](uint64_t room, const std::string& why) {
+    failed_rooms.push_back(room);
+    if (errors.size() < 8) errors.push_back(fmt::format("room {}: {}", room, why));
+  };
+  // Checks every byte of a finished room on this decode rank; "" when right.
+  auto verify = [&](uint64_t room) -> std::string {
+    const auto pages = request_pages(shape, args.role, room);
+    std::string mismatch;
+    for_each_element(cfg.kv, heads, layers, pages, room, [&](uint32_t buf, uint64_t off, uint8_t want) {
+      if (!mismatch.empty()) return;
+      const uint8_t got = std::to_integer<uint8_t>(pools.kv[buf][off]);
+      if (got == want) return;
+      // Name the element: invert the layout formula for this offset.
+      const uint64_t hb = cfg.kv.head_bytes(), page_bytes = cfg.kv.page_bytes(heads.count);
+      const uint64_t page = off / page_bytes, in_page = off % page_bytes;
+      const uint64_t index = std::find(pages.begin(), pages.end(), page) - pages.begin();
+      uint64_t slot, head;
+      if (cfg.kv.mla || cfg.kv.layout == Layout::kNhd) {
+        slot = in_page / (heads.count * hb);
+        head = (in_page / hb) % heads.count;
+      } else {
+        head = in_page / (cfg.kv.page_size * hb);
+        slot = (in_page / hb) % cfg.kv.page_size;
+      }
+      mismatch = fmt::format("layer {} {} head {} token {} byte {}: got {:#04x}, expected {:#04x}",
+                             buf / cfg.kv.buffers_per_layer(),
+                             kv_name(buf % cfg.kv.buffers_per_layer(), cfg.kv.mla),
+                             heads.first + head, index * cfg.kv.page_size + slot, in_page % hb,
+                             got, want);
+    });
+    const uint64_t slot = (room - 1) % shape.window;
+    for (uint64_t i = 0; i < shape.aux_bytes && mismatch.empty(); ++i) {
+      const uint8_t got = std::to_integer<uint8_t>(pools.aux[slot * shape.aux_bytes + i]);
+      if (got != aux_byte(room, i)) {
+        mismatch = fmt::format("aux byte {}: got {:#04x}, expected {:#04x}", i, got, aux_byte(room, i));
+      }
+    }
+    return mismatch;
+  };
+  auto start_room = [&](uint64_t room) -> Status {
+    const auto pages = request_pages(shape, args.role, room);
+    const uint64_t slot = (room - 1) % shape.window;
+    InFlight f;
+    f.start = Clock::now();
+    if (prefill) {
+      for_each_element(cfg.kv, heads, layers, pages, room,
+                       [&](uint32_t buf, uint64_t off, uint8_t v) { pools.kv[buf][off] = std::byte{v}; });
+      for (uint64_t i = 0; i < shape.aux_bytes; ++i) {
+        pools.aux[slot * shape.aux_bytes + i] = std::byte{aux_byte(room, i)};
+      }
+      PDKV_ASSIGN_OR_RETURN(f.sender, engine->sender(room, shape.decode_engine));
+      PDKV_RETURN_IF_ERROR(f.sender->init(pages.size(), static_cast<uint32_t>(slot)));
+      uint64_t sent = 0;
+      for (uint32_t c = 1; c <= shape.chunks; ++c) {
+        const uint64_t upto = pages.size() * c / shape.chunks;
+        PDKV_RETURN_IF_ERROR(f.sender->send(std::span(pages).subspan(sent, upto - sent), c == shape.chunks));
+        sent = upto;
+      }
+    } else {
+      PDKV_ASSIGN_OR_RETURN(f.receiver, engine->receiver(room, shape.prefill_engine));
+      PDKV_RETURN_IF_ERROR(f.receiver->init());
+      PDKV_RETURN_IF_ERROR(f.receiver->send_metadata(pages, static_cast<uint32_t>(slot)));
+    }
+    in_flight.emplace(room, std::move(f));
+    return Status::ok();
+  };
+
+  while (done < shape.requests) {
+    // A slot is reused only after its previous request ended on this rank.
+    while (next <= shape.requests && in_flight.size() < shape.window &&
+           (next <= shape.window || !in_flight.count(next - shape.window))) {
+      const Status started = start_room(next);
+      if (!started.is_ok()) {
+        fail(next, started.message());
+        ++done;
+        progress(done);
+      }
+      ++next;
+    }
+    for (auto it = in_flight.begin(); it != in_flight.end();) {
+      const uint64_t room = it->first;
+      const PollState state = prefill ? it->second.sender->poll() : it->second.receiver->poll();
+      if (state != PollState::kSuccess && state != PollState::kFailed) {
+        ++it;
+        continue;
+      }
+      if (state == PollState::kFailed) {
+        fail(room, (prefill ? it->second.sender->failure() : it->second.receiver->failure()).message());
+      } else if (!prefill) {
+        latencies.push_back(std::chrono::duration<double, std::milli>(Clock::now() - it->second.start).count());
+        const std::string mismatch = verify(room);
+        if (mismatch.empty()) {
+          ++succeeded;
+          bytes += uint64_t{shape.layers} * cfg.kv.buffers_per_layer() * shape.pages_per_request() *
+                   cfg.kv.page_bytes(heads.count);
+        } else {
+          verified = false;
+          fail(room, mismatch);
+        }
+      } else {
+        ++succeeded;
+      }
+      it = in_flight.erase(it);
+      ++done;
+      progress(done);
+    }
+    // The API is poll-based; between polls, yield the core.
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  nlohmann::ordered_json out;
+  out["role"] = prefill ? "prefill" : "decode";
+  out["rank"] = args.tp_rank;
+  out["requests"] = shape.requests;
+  out["succeeded"] = succeeded;
+  out["failed"] = shape.requests - succeeded;
+  out["verified"] = verified && succeeded == shape.requests;
+  out["bytes"] = bytes;
+  out["start_ms"] = start_ms;
+  out["end_ms"] = epoch_ms();
+  out["latencies_ms"] = latencies;
+  out["failed_rooms"] = failed_rooms;
+  out["errors"] = errors;
+  return nlohmann::json(out);
+}
+
+}  // namespace pdkv::worker

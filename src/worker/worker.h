@@ -1,0 +1,63 @@
+// The worker processes of DESIGN §6. In a real server these are the
+// inference engine's ranks linking libpdkv; here they simulate the model:
+// prefill ranks write a deterministic value for every (room, layer, K/V,
+// global head, token, byte) into their pages, decode ranks check every byte
+// they receive. `pdkv prefill`, `pdkv decode` and the router `pdkv run` are
+// built on this.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "pdkv/engine.h"
+#include "pdkv/status.h"
+
+namespace pdkv::worker {
+
+// The model and the workload; identical for every process of one run.
+struct Shape {
+  std::string backend = "nixl";
+  uint32_t kv_heads = 8;  // 1 with mla
+  uint32_t head_dim = 128;
+  uint32_t layers = 4;
+  uint32_t page_size = 16;
+  uint32_t dtype_bytes = 2;
+  std::string layout = "nhd";
+  bool mla = false;
+  std::string staging = "auto";
+  uint32_t prefill_tp = 1, decode_tp = 1;
+  uint64_t requests = 8;
+  uint64_t tokens = 256;
+  uint32_t chunks = 1;  // send() calls per request (chunked prefill)
+  uint32_t window = 4;  // requests in flight per rank
+  uint32_t aux_bytes = 16;
+  std::string prefill_engine = "prefill", decode_engine = "decode";
+
+  uint64_t pages_per_request() const { return (tokens + page_size - 1) / page_size; }
+  // Ok, or the flag and value that cannot work.
+  Status validate() const;
+  KvSpec kv_spec() const;
+};
+
+struct WorkerArgs {
+  Shape shape;
+  Role role = Role::kPrefill;
+  uint32_t tp_rank = 0;
+  std::string bootstrap;  // host:port
+};
+
+// Runs every request on this rank and returns its summary:
+// {"role","rank","requests","succeeded","failed","verified","bytes",
+//  "start_ms","end_ms","latencies_ms":[...],"failed_rooms":[...],"errors":[...]}.
+// `progress(done)` is called after each finished request.
+Result<nlohmann::json> run_worker(const WorkerArgs& args,
+                                  const std::function<void(uint64_t done)>& progress);
+
+// The pages of request `room` in this role's pool: the request's slot of the
+// pool, in an order shuffled per room and role, so that prefill and decode
+// page lists never line up by accident.
+std::vector<uint64_t> request_pages(const Shape& shape, Role role, uint64_t room);
+
+}  // namespace pdkv::worker

@@ -1,0 +1,162 @@
+// End to end through real processes: `pdkv run` starts bootstrap, prefill
+// and decode ranks; decode ranks check every byte. Expected byte counts are
+// derived here by hand from the shape, not taken from the code under test.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "support/run_command.h"
+
+extern char** environ;
+
+namespace pdkv {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Case {
+  std::string name;
+  std::string backend = "nixl";
+  uint32_t heads = 8, prefill_tp = 1, decode_tp = 1;
+  bool mla = false;
+  std::string layout = "nhd";
+  uint32_t chunks = 1;
+  std::string staging = "auto";
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+constexpr uint32_t kRequests = 6, kTokens = 40, kPageSize = 8, kHeadDim = 16, kLayers = 3,
+                   kDtype = 2;
+
+class RunMatrix : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RunMatrix, EveryRequestVerified) {
+  const Case& c = GetParam();
+  const std::string cmd = std::string(PDKV_BIN) + " run --json --backend " + c.backend +
+                          " --kv-heads " + std::to_string(c.heads) + " --prefill-tp " +
+                          std::to_string(c.prefill_tp) + " --decode-tp " +
+                          std::to_string(c.decode_tp) + " --layout " + c.layout + " --chunks " +
+                          std::to_string(c.chunks) + " --staging " + c.staging + (c.mla ? " --mla" : "") +
+                          " --requests " + std::to_string(kRequests) + " --tokens " +
+                          std::to_string(kTokens) + " --page-size " + std::to_string(kPageSize) +
+                          " --head-dim " + std::to_string(kHeadDim) + " --layers " +
+                          std::to_string(kLayers) + " --dtype-bytes " + std::to_string(kDtype) +
+                          " --window 2 --timeout 120";
+  const auto r = testing::run_command(cmd);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["verified"].get<bool>());
+  EXPECT_EQ(j["requests"], kRequests);
+  EXPECT_EQ(j["failed"], 0);
+  // Each decode rank holds max(H, D) / D heads (one under GQA replication),
+  // so the ranks together receive max(H, D) head vectors per token; MLA: D.
+  const uint64_t heads_received = c.mla ? c.decode_tp : std::max(c.heads, c.decode_tp);
+  const uint64_t pages = (kTokens + kPageSize - 1) / kPageSize;
+  const uint64_t buffers = kLayers * (c.mla ? 1 : 2);
+  EXPECT_EQ(j["bytes"].get<uint64_t>(),
+            uint64_t{kRequests} * buffers * pages * kPageSize * heads_received * kHeadDim * kDtype);
+  for (const char* key : {"gbps", "p50_ms", "p99_ms"}) EXPECT_TRUE(j.contains(key)) << key;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Nixl, RunMatrix,
+    ::testing::Values(Case{"h8_tp4_to_2", "nixl", 8, 4, 2}, Case{"h8_tp2_to_4", "nixl", 8, 2, 4},
+                      Case{"h2_tp1_to_4_gqa", "nixl", 2, 1, 4},
+                      Case{"h8_tp2_to_2_equal", "nixl", 8, 2, 2},
+                      Case{"mla_tp4_to_2", "nixl", 1, 4, 2, true},
+                      Case{"mla_tp2_to_4", "nixl", 1, 2, 4, true},
+                      Case{"hnd_h8_tp2_to_4", "nixl", 8, 2, 4, false, "hnd"},
+                      Case{"hnd_h2_tp1_to_4", "nixl", 2, 1, 4, false, "hnd"},
+                      Case{"chunked_h8_tp4_to_2", "nixl", 8, 4, 2, false, "nhd", 3},
+                      Case{"staging_off_h8_tp2_to_4", "nixl", 8, 2, 4, false, "nhd", 1, "off"}));
+
+TEST(Run, RefusesBadInputWithExitTwo) {
+  auto r = testing::run_command(std::string(PDKV_BIN) + " run --kv-heads 8 --prefill-tp 3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("8 KV heads cannot be split over prefill TP 3"), std::string::npos) << r.err;
+  r = testing::run_command(std::string(PDKV_BIN) + " run --backend carrier-pigeon --requests 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no transport backend named 'carrier-pigeon'"), std::string::npos) << r.err;
+}
+
+// The pids of `parent`'s children whose command line contains `needle`.
+std::vector<pid_t> children_of(pid_t parent, const std::string& needle) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    stat >> pid >> comm >> state >> ppid;
+    if (ppid != parent) continue;
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), {});
+    std::replace(args.begin(), args.end(), '\0', ' ');
+    if (args.find(needle) != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+TEST(Run, KilledWorkerFailsTheRunNamingTheRank) {
+  int err[2];
+  ASSERT_EQ(pipe2(err, O_CLOEXEC), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  std::vector<std::string> args = {PDKV_BIN, "run", "--prefill-tp", "2", "--decode-tp", "2",
+                                   "--requests", "100000", "--tokens", "64", "--head-dim", "16",
+                                   "--layers", "2", "--timeout", "120"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t run = -1;
+  ASSERT_EQ(posix_spawn(&run, PDKV_BIN, &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  close(err[1]);
+  // Wait until requests flow, then kill decode rank 1.
+  std::string log;
+  char buf[4096];
+  while (log.find("requests done") == std::string::npos) {
+    const ssize_t n = read(err[0], buf, sizeof buf);
+    ASSERT_GT(n, 0) << "pdkv run ended early: " << log;
+    log.append(buf, n);
+  }
+  const auto victims = children_of(run, "decode --backend");
+  std::vector<pid_t> rank1;
+  for (pid_t p : victims) {
+    std::ifstream cmdline("/proc/" + std::to_string(p) + "/cmdline");
+    std::string a((std::istreambuf_iterator<char>(cmdline)), {});
+    std::replace(a.begin(), a.end(), '\0', ' ');
+    if (a.find("--tp-rank 1 ") != std::string::npos) rank1.push_back(p);
+  }
+  ASSERT_EQ(rank1.size(), 1u) << log;
+  kill(rank1[0], SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  int status = 0;
+  while (waitpid(run, &status, WNOHANG) == 0) {
+    ASSERT_LT(std::chrono::steady_clock::now() - killed, 10s) << "pdkv run did not notice";
+    std::this_thread::sleep_for(10ms);
+  }
+  ssize_t n;
+  while ((n = read(err[0], buf, sizeof buf)) > 0) log.append(buf, n);
+  close(err[0]);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_NE(log.find("pdkv run: decode rank 1 (pid " + std::to_string(rank1[0]) +
+                     ") died: killed by signal 9"),
+            std::string::npos)
+      << log;
+}
+
+}  // namespace
+}  // namespace pdkv
