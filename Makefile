@@ -16,7 +16,9 @@ CTEST = ctest --output-on-failure -j $(JOBS) --timeout 600
 
 SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
                 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-TSAN_ENV = TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp"
+# UCX's malloc and mmap hooks fight TSan's own interceptors (segfaults): off for TSan runs.
+TSAN_ENV = TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+           UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no
 
 .PHONY: deps build demo test test-slow test-sanitize test-tsan bench-plan format clean
 
