@@ -54,6 +54,10 @@ struct Timeouts {
   // gRPC keepalive on control connections: a silent peer is declared dead
   // after about twice this.
   std::chrono::milliseconds keepalive{1'000};
+  // Setting up a control connection to a peer; one that cannot be reached
+  // in this time is declared dead. (An established connection that breaks
+  // is a dead peer at once.)
+  std::chrono::milliseconds connect{5'000};
 };
 
 // Recurrent state per request: [slot][local layer][local channel][channel_bytes].

@@ -92,7 +92,8 @@ std::vector<std::string> read_lines(Child& c) {
 }
 
 std::string exit_text(int status) {
-  if (WIFSIGNALED(status)) return fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  if (WIFSIGNALED(status))
+    return fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
   return fmt::format("exited with status {}", WEXITSTATUS(status));
 }
 
@@ -125,7 +126,8 @@ int run_router(const RunOptions& o) {
   std::vector<Child> children;
   Child bootstrap;
   bootstrap.name = "bootstrap";
-  if (Status st = spawn(bootstrap, {exe, "bootstrap", "--host", "127.0.0.1", "--port", "0"}); !st.is_ok()) {
+  if (Status st = spawn(bootstrap, {exe, "bootstrap", "--host", "127.0.0.1", "--port", "0"});
+      !st.is_ok()) {
     std::fprintf(stderr, "pdkv run: %s\n", st.message().c_str());
     return kExitFailure;
   }
@@ -152,7 +154,8 @@ int run_router(const RunOptions& o) {
       c.name = fmt::format("{} rank {}", prefill ? "prefill" : "decode", r);
       std::vector<std::string> args = {exe, prefill ? "prefill" : "decode"};
       for (auto& a : shape_arguments(s)) args.push_back(a);
-      for (auto a : {std::string("--tp-rank"), std::to_string(r), std::string("--bootstrap"), address}) {
+      for (auto a :
+           {std::string("--tp-rank"), std::to_string(r), std::string("--bootstrap"), address}) {
         args.push_back(a);
       }
       if (Status st = spawn(c, args); !st.is_ok()) {
@@ -164,13 +167,16 @@ int run_router(const RunOptions& o) {
     }
   }
   if (!o.json) {
-    std::fprintf(stderr, "pdkv run: %s, %u KV heads%s, prefill TP %u -> decode TP %u, %s, %llu requests x %llu tokens\n",
+    std::fprintf(stderr,
+                 "pdkv run: %s, %u KV heads%s, prefill TP %u -> decode TP %u, %s, %llu requests x "
+                 "%llu tokens\n",
                  s.backend.c_str(), s.mla ? 1 : s.kv_heads, s.mla ? " (MLA)" : "", s.prefill_tp,
                  s.decode_tp, s.layout.c_str(), static_cast<unsigned long long>(s.requests),
                  static_cast<unsigned long long>(s.tokens));
   }
   const bool tty = isatty(STDERR_FILENO);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
   uint64_t shown = 0;
   auto last_line = std::chrono::steady_clock::now();
   std::string failure;
@@ -205,7 +211,8 @@ int run_router(const RunOptions& o) {
       // A worker that ends without its summary died: the run is over.
       while (c.out >= 0) {
         for (const auto& line : read_lines(c)) {
-          if (!line.empty() && line[0] == '{') c.summary = nlohmann::json::parse(line, nullptr, false);
+          if (!line.empty() && line[0] == '{')
+            c.summary = nlohmann::json::parse(line, nullptr, false);
         }
       }
       if (!c.summary || c.summary->is_discarded()) {
@@ -218,14 +225,17 @@ int run_router(const RunOptions& o) {
     }
     // Live progress: a rewritten line on a terminal; in a log, a line a second.
     const auto now = std::chrono::steady_clock::now();
-    if (!o.json && done != shown && (tty || done == s.requests || now - last_line >= std::chrono::seconds(1))) {
+    if (!o.json && done != shown &&
+        (tty || done == s.requests || now - last_line >= std::chrono::seconds(1))) {
       shown = done;
       last_line = now;
       std::fprintf(stderr, tty ? "\rrequests done: %llu/%llu" : "requests done: %llu/%llu\n",
-                   static_cast<unsigned long long>(done), static_cast<unsigned long long>(s.requests));
+                   static_cast<unsigned long long>(done),
+                   static_cast<unsigned long long>(s.requests));
     }
     if (failure.empty() && std::chrono::steady_clock::now() > deadline) {
-      failure = fmt::format("timed out after {} s with {}/{} requests done", o.timeout_s, done, s.requests);
+      failure = fmt::format("timed out after {} s with {}/{} requests done", o.timeout_s, done,
+                            s.requests);
     }
   }
   if (tty && !o.json) std::fprintf(stderr, "\n");
@@ -244,7 +254,8 @@ int run_router(const RunOptions& o) {
   for (size_t i = 1; i < children.size(); ++i) {
     const auto& j = *children[i].summary;
     for (uint64_t r : j["failed_rooms"]) failed.insert(r);
-    for (const auto& e : j["errors"]) errors.push_back(children[i].name + ": " + e.get<std::string>());
+    for (const auto& e : j["errors"])
+      errors.push_back(children[i].name + ": " + e.get<std::string>());
     verified &= j["verified"].get<bool>();
     if (j["role"] == "decode") {
       bytes += j["bytes"].get<uint64_t>();
@@ -270,10 +281,12 @@ int run_router(const RunOptions& o) {
   if (o.json) {
     std::printf("%s\n", out.dump().c_str());
   } else {
-    std::printf("requests %llu, failed %zu, bytes %.1f MB, %.2f GB/s, latency p50 %.2f ms p99 %.2f ms, verified %s\n",
-                static_cast<unsigned long long>(s.requests), failed.size(), bytes / 1e6,
-                bytes / seconds / 1e9, percentile(latencies, 0.5), percentile(latencies, 0.99),
-                verified ? "yes" : "NO");
+    std::printf(
+        "requests %llu, failed %zu, bytes %.1f MB, %.2f GB/s, latency p50 %.2f ms p99 %.2f ms, "
+        "verified %s\n",
+        static_cast<unsigned long long>(s.requests), failed.size(), bytes / 1e6,
+        bytes / seconds / 1e9, percentile(latencies, 0.5), percentile(latencies, 0.99),
+        verified ? "yes" : "NO");
     for (const auto& e : errors) std::printf("  %s\n", e.c_str());
   }
   return verified ? kExitOk : kExitFailure;
@@ -287,7 +300,8 @@ Command add_run_command(CLI::App& app) {
       "run", "Start bootstrap, prefill and decode ranks on loopback, move N requests, verify");
   add_shape_flags(*cmd, o->shape);
   cmd->add_flag("--json", o->json, "One JSON object on stdout");
-  cmd->add_option("--timeout", o->timeout_s, "Give up after this many seconds")->capture_default_str();
+  cmd->add_option("--timeout", o->timeout_s, "Give up after this many seconds")
+      ->capture_default_str();
   return {cmd, [o] { return run_router(*o); }};
 }
 

@@ -6,34 +6,46 @@ namespace pdkv::cli {
 
 void add_shape_flags(CLI::App& cmd, worker::Shape& s) {
   cmd.add_option("--backend", s.backend, "Transport backend")->capture_default_str();
-  cmd.add_option("--prefill-tp", s.prefill_tp, "Prefill tensor-parallel size")->capture_default_str();
+  cmd.add_option("--prefill-tp", s.prefill_tp, "Prefill tensor-parallel size")
+      ->capture_default_str();
   cmd.add_option("--decode-tp", s.decode_tp, "Decode tensor-parallel size")->capture_default_str();
-  cmd.add_option("--kv-heads", s.kv_heads, "Total KV heads (ignored with --mla)")->capture_default_str();
+  cmd.add_option("--kv-heads", s.kv_heads, "Total KV heads (ignored with --mla)")
+      ->capture_default_str();
   cmd.add_option("--head-dim", s.head_dim, "Elements per head vector")->capture_default_str();
   cmd.add_option("--layers", s.layers, "Model layers")->capture_default_str();
   cmd.add_option("--page-size", s.page_size, "Tokens per page")->capture_default_str();
   cmd.add_option("--dtype-bytes", s.dtype_bytes, "Bytes per element")->capture_default_str();
   cmd.add_option("--layout", s.layout, "Pool layout")
-      ->capture_default_str()->check(CLI::IsMember({"nhd", "hnd"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"nhd", "hnd"}));
   cmd.add_flag("--mla", s.mla, "MLA cache: one latent vector per token");
   cmd.add_option("--staging", s.staging, "Gather small fragments into staging buffers")
-      ->capture_default_str()->check(CLI::IsMember({"on", "off", "auto"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off", "auto"}));
   cmd.add_option("--requests", s.requests, "Requests to transfer")->capture_default_str();
   cmd.add_option("--tokens", s.tokens, "Tokens per request")->capture_default_str();
-  cmd.add_option("--chunks", s.chunks, "send() calls per request (chunked prefill)")->capture_default_str();
+  cmd.add_option("--chunks", s.chunks, "send() calls per request (chunked prefill)")
+      ->capture_default_str();
   cmd.add_option("--window", s.window, "Requests in flight per rank")->capture_default_str();
   cmd.add_option("--aux-bytes", s.aux_bytes, "Aux data bytes per request")->capture_default_str();
 }
 
 std::vector<std::string> shape_arguments(const worker::Shape& s) {
-  std::vector<std::string> a = {
-      "--backend", s.backend, "--prefill-tp", std::to_string(s.prefill_tp),
-      "--decode-tp", std::to_string(s.decode_tp), "--kv-heads", std::to_string(s.kv_heads),
-      "--head-dim", std::to_string(s.head_dim), "--layers", std::to_string(s.layers),
-      "--page-size", std::to_string(s.page_size), "--dtype-bytes", std::to_string(s.dtype_bytes),
-      "--layout", s.layout, "--staging", s.staging, "--requests", std::to_string(s.requests),
-      "--tokens", std::to_string(s.tokens), "--chunks", std::to_string(s.chunks),
-      "--window", std::to_string(s.window), "--aux-bytes", std::to_string(s.aux_bytes)};
+  std::vector<std::string> a = {"--backend",     s.backend,
+                                "--prefill-tp",  std::to_string(s.prefill_tp),
+                                "--decode-tp",   std::to_string(s.decode_tp),
+                                "--kv-heads",    std::to_string(s.kv_heads),
+                                "--head-dim",    std::to_string(s.head_dim),
+                                "--layers",      std::to_string(s.layers),
+                                "--page-size",   std::to_string(s.page_size),
+                                "--dtype-bytes", std::to_string(s.dtype_bytes),
+                                "--layout",      s.layout,
+                                "--staging",     s.staging,
+                                "--requests",    std::to_string(s.requests),
+                                "--tokens",      std::to_string(s.tokens),
+                                "--chunks",      std::to_string(s.chunks),
+                                "--window",      std::to_string(s.window),
+                                "--aux-bytes",   std::to_string(s.aux_bytes)};
   if (s.mla) a.push_back("--mla");
   return a;
 }

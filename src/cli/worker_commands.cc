@@ -19,7 +19,7 @@ int run(const worker::WorkerArgs& args) {
     std::fprintf(stderr, "pdkv %s: %s\n", args.role == Role::kPrefill ? "prefill" : "decode",
                  summary.status().message().c_str());
     return summary.status().code() == StatusCode::kInvalidArgument ? kExitInvalidInput
-                                                                    : kExitFailure;
+                                                                   : kExitFailure;
   }
   std::printf("%s\n", summary->dump().c_str());
   std::fflush(stdout);

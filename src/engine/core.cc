@@ -159,7 +159,7 @@ Status EngineCore::init(std::unique_ptr<Transport> transport) {
   self_.set_state_region(state_key_);
 
   links_ = std::make_unique<PeerLinks>(
-      self_ref(), config_.timeouts.keepalive,
+      self_ref(), config_.timeouts.keepalive, config_.timeouts.connect,
       [this](const std::string& key, const Status& reason) { on_peer_lost(key, reason); });
   bootstrap_ = std::make_unique<bootstrap::Client>(config_.bootstrap_address);
   // Publish everything above to the control service's threads, which were

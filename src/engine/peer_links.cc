@@ -23,7 +23,7 @@ PeerLink::PeerLink(std::string key, std::string address, std::string name,
   // or leak into, a subchannel shared with another link.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // Reconnect quickly: a transient connect error must be retried well inside
-  // the keepalive window, in which an unreachable peer is declared lost.
+  // the connect timeout, after which an unreachable peer is declared lost.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(100, ms / 4));
@@ -38,16 +38,18 @@ Status PeerLink::alive() const {
   return lost_reason_;
 }
 
-void PeerLink::watch(const proto::RankRef& self, std::chrono::milliseconds keepalive,
+void PeerLink::watch(const proto::RankRef& self, std::chrono::milliseconds connect_timeout,
                      std::function<void(const Status&)> lost) {
-  watcher_ = std::thread([this, self, keepalive, lost = std::move(lost)] {
-    // First the connection, retried for one keepalive window: a peer that
-    // cannot be reached in that time is as dead as one whose stream broke.
-    const bool connected = channel_->WaitForConnected(std::chrono::system_clock::now() + keepalive);
+  watcher_ = std::thread([this, self, connect_timeout, lost = std::move(lost)] {
+    // First the connection, retried for a while: a peer that cannot be
+    // reached in that time is as dead as one whose stream broke.
+    const bool connected =
+        channel_->WaitForConnected(std::chrono::system_clock::now() + connect_timeout);
     if (stopping_) return;
     if (!connected) {
-      const Status reason = Status::unavailable(fmt::format(
-          "control connection to {} lost: cannot connect within {} ms", name_, keepalive.count()));
+      const Status reason = Status::unavailable(
+          fmt::format("control connection to {} lost: cannot connect within {} ms", name_,
+                      connect_timeout.count()));
       {
         std::lock_guard lock(mu_);
         lost_reason_ = reason;
@@ -98,8 +100,12 @@ void PeerLink::cancel_calls() {
 }
 
 PeerLinks::PeerLinks(proto::RankRef self, std::chrono::milliseconds keepalive,
+                     std::chrono::milliseconds connect_timeout,
                      std::function<void(const std::string&, const Status&)> on_lost)
-    : self_(std::move(self)), keepalive_(keepalive), on_lost_(std::move(on_lost)) {}
+    : self_(std::move(self)),
+      keepalive_(keepalive),
+      connect_timeout_(connect_timeout),
+      on_lost_(std::move(on_lost)) {}
 
 PeerLinks::~PeerLinks() { stop_all(); }
 
@@ -116,7 +122,8 @@ std::shared_ptr<PeerLink> PeerLinks::get(const std::string& address, uint64_t in
     link =
         std::make_shared<PeerLink>(key, address, fmt::format("{} ({})", name, address), keepalive_);
     if (!stopped_) {
-      link->watch(self_, keepalive_, [this, key](const Status& reason) { on_lost_(key, reason); });
+      link->watch(self_, connect_timeout_,
+                  [this, key](const Status& reason) { on_lost_(key, reason); });
     }
   }
   return link;

@@ -34,10 +34,10 @@ class PeerLink {
   // Ok while the peer is alive; afterwards the reason it was declared lost.
   Status alive() const;
 
-  // Connects (retrying for up to `keepalive`) and opens the Watch stream;
-  // `lost` runs once, on the link's thread, if either fails for any reason
-  // other than stop().
-  void watch(const proto::RankRef& self, std::chrono::milliseconds keepalive,
+  // Connects (retrying for up to `connect_timeout`) and opens the Watch
+  // stream; `lost` runs once, on the link's thread, if either fails for any
+  // reason other than stop().
+  void watch(const proto::RankRef& self, std::chrono::milliseconds connect_timeout,
              std::function<void(const Status&)> lost);
   void stop();
 
@@ -78,6 +78,7 @@ class PeerLink {
 class PeerLinks {
  public:
   PeerLinks(proto::RankRef self, std::chrono::milliseconds keepalive,
+            std::chrono::milliseconds connect_timeout,
             std::function<void(const std::string& key, const Status& reason)> on_lost);
   ~PeerLinks();
 
@@ -90,6 +91,7 @@ class PeerLinks {
  private:
   const proto::RankRef self_;
   const std::chrono::milliseconds keepalive_;
+  const std::chrono::milliseconds connect_timeout_;
   std::function<void(const std::string&, const Status&)> on_lost_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<PeerLink>> links_;

@@ -53,8 +53,8 @@ Status Shape::validate() const {
   PDKV_RETURN_IF_ERROR(positive("--prefill-tp", prefill_tp));
   PDKV_RETURN_IF_ERROR(positive("--decode-tp", decode_tp));
   if (chunks > pages_per_request()) {
-    return Status::invalid_argument(fmt::format(
-        "--chunks {} exceeds the {} pages of a request", chunks, pages_per_request()));
+    return Status::invalid_argument(
+        fmt::format("--chunks {} exceeds the {} pages of a request", chunks, pages_per_request()));
   }
   if (staging != "auto" && staging != "off" && staging != "on") {
     return Status::invalid_argument(fmt::format("--staging '{}' is not on, off or auto", staging));
@@ -105,8 +105,8 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
   const bool prefill = args.role == Role::kPrefill;
   const uint32_t tp_size = prefill ? shape.prefill_tp : shape.decode_tp;
   if (args.tp_rank >= tp_size) {
-    return Status::invalid_argument(
-        fmt::format("--tp-rank {} is outside {} TP {}", args.tp_rank, prefill ? "prefill" : "decode", tp_size));
+    return Status::invalid_argument(fmt::format("--tp-rank {} is outside {} TP {}", args.tp_rank,
+                                                prefill ? "prefill" : "decode", tp_size));
   }
   EngineConfig cfg;
   cfg.role = args.role;
@@ -150,33 +150,35 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
   auto verify = [&](uint64_t room) -> std::string {
     const auto pages = request_pages(shape, args.role, room);
     std::string mismatch;
-    for_each_element(cfg.kv, heads, layers, pages, room, [&](uint32_t buf, uint64_t off, uint8_t want) {
-      if (!mismatch.empty()) return;
-      const uint8_t got = std::to_integer<uint8_t>(pools.kv[buf][off]);
-      if (got == want) return;
-      // Name the element: invert the layout formula for this offset.
-      const uint64_t hb = cfg.kv.head_bytes(), page_bytes = cfg.kv.page_bytes(heads.count);
-      const uint64_t page = off / page_bytes, in_page = off % page_bytes;
-      const uint64_t index = std::find(pages.begin(), pages.end(), page) - pages.begin();
-      uint64_t slot, head;
-      if (cfg.kv.mla || cfg.kv.layout == Layout::kNhd) {
-        slot = in_page / (heads.count * hb);
-        head = (in_page / hb) % heads.count;
-      } else {
-        head = in_page / (cfg.kv.page_size * hb);
-        slot = (in_page / hb) % cfg.kv.page_size;
-      }
-      mismatch = fmt::format("layer {} {} head {} token {} byte {}: got {:#04x}, expected {:#04x}",
-                             buf / cfg.kv.buffers_per_layer(),
-                             kv_name(buf % cfg.kv.buffers_per_layer(), cfg.kv.mla),
-                             heads.first + head, index * cfg.kv.page_size + slot, in_page % hb,
-                             got, want);
-    });
+    for_each_element(
+        cfg.kv, heads, layers, pages, room, [&](uint32_t buf, uint64_t off, uint8_t want) {
+          if (!mismatch.empty()) return;
+          const uint8_t got = std::to_integer<uint8_t>(pools.kv[buf][off]);
+          if (got == want) return;
+          // Name the element: invert the layout formula for this offset.
+          const uint64_t hb = cfg.kv.head_bytes(), page_bytes = cfg.kv.page_bytes(heads.count);
+          const uint64_t page = off / page_bytes, in_page = off % page_bytes;
+          const uint64_t index = std::find(pages.begin(), pages.end(), page) - pages.begin();
+          uint64_t slot, head;
+          if (cfg.kv.mla || cfg.kv.layout == Layout::kNhd) {
+            slot = in_page / (heads.count * hb);
+            head = (in_page / hb) % heads.count;
+          } else {
+            head = in_page / (cfg.kv.page_size * hb);
+            slot = (in_page / hb) % cfg.kv.page_size;
+          }
+          mismatch =
+              fmt::format("layer {} {} head {} token {} byte {}: got {:#04x}, expected {:#04x}",
+                          buf / cfg.kv.buffers_per_layer(),
+                          kv_name(buf % cfg.kv.buffers_per_layer(), cfg.kv.mla), heads.first + head,
+                          index * cfg.kv.page_size + slot, in_page % hb, got, want);
+        });
     const uint64_t slot = (room - 1) % shape.window;
     for (uint64_t i = 0; i < shape.aux_bytes && mismatch.empty(); ++i) {
       const uint8_t got = std::to_integer<uint8_t>(pools.aux[slot * shape.aux_bytes + i]);
       if (got != aux_byte(room, i)) {
-        mismatch = fmt::format("aux byte {}: got {:#04x}, expected {:#04x}", i, got, aux_byte(room, i));
+        mismatch =
+            fmt::format("aux byte {}: got {:#04x}, expected {:#04x}", i, got, aux_byte(room, i));
       }
     }
     return mismatch;
@@ -187,8 +189,9 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
     InFlight f;
     f.start = Clock::now();
     if (prefill) {
-      for_each_element(cfg.kv, heads, layers, pages, room,
-                       [&](uint32_t buf, uint64_t off, uint8_t v) { pools.kv[buf][off] = std::byte{v}; });
+      for_each_element(
+          cfg.kv, heads, layers, pages, room,
+          [&](uint32_t buf, uint64_t off, uint8_t v) { pools.kv[buf][off] = std::byte{v}; });
       for (uint64_t i = 0; i < shape.aux_bytes; ++i) {
         pools.aux[slot * shape.aux_bytes + i] = std::byte{aux_byte(room, i)};
       }
@@ -197,7 +200,8 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
       uint64_t sent = 0;
       for (uint32_t c = 1; c <= shape.chunks; ++c) {
         const uint64_t upto = pages.size() * c / shape.chunks;
-        PDKV_RETURN_IF_ERROR(f.sender->send(std::span(pages).subspan(sent, upto - sent), c == shape.chunks));
+        PDKV_RETURN_IF_ERROR(
+            f.sender->send(std::span(pages).subspan(sent, upto - sent), c == shape.chunks));
         sent = upto;
       }
     } else {
@@ -229,9 +233,11 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
         continue;
       }
       if (state == PollState::kFailed) {
-        fail(room, (prefill ? it->second.sender->failure() : it->second.receiver->failure()).message());
+        fail(room,
+             (prefill ? it->second.sender->failure() : it->second.receiver->failure()).message());
       } else if (!prefill) {
-        latencies.push_back(std::chrono::duration<double, std::milli>(Clock::now() - it->second.start).count());
+        latencies.push_back(
+            std::chrono::duration<double, std::milli>(Clock::now() - it->second.start).count());
         const std::string mismatch = verify(room);
         if (mismatch.empty()) {
           ++succeeded;

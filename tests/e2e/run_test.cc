@@ -41,16 +41,15 @@ class RunMatrix : public ::testing::TestWithParam<Case> {};
 
 TEST_P(RunMatrix, EveryRequestVerified) {
   const Case& c = GetParam();
-  const std::string cmd = std::string(PDKV_BIN) + " run --json --backend " + c.backend +
-                          " --kv-heads " + std::to_string(c.heads) + " --prefill-tp " +
-                          std::to_string(c.prefill_tp) + " --decode-tp " +
-                          std::to_string(c.decode_tp) + " --layout " + c.layout + " --chunks " +
-                          std::to_string(c.chunks) + " --staging " + c.staging + (c.mla ? " --mla" : "") +
-                          " --requests " + std::to_string(kRequests) + " --tokens " +
-                          std::to_string(kTokens) + " --page-size " + std::to_string(kPageSize) +
-                          " --head-dim " + std::to_string(kHeadDim) + " --layers " +
-                          std::to_string(kLayers) + " --dtype-bytes " + std::to_string(kDtype) +
-                          " --window 2 --timeout 120";
+  const std::string cmd =
+      std::string(PDKV_BIN) + " run --json --backend " + c.backend + " --kv-heads " +
+      std::to_string(c.heads) + " --prefill-tp " + std::to_string(c.prefill_tp) + " --decode-tp " +
+      std::to_string(c.decode_tp) + " --layout " + c.layout + " --chunks " +
+      std::to_string(c.chunks) + " --staging " + c.staging + (c.mla ? " --mla" : "") +
+      " --requests " + std::to_string(kRequests) + " --tokens " + std::to_string(kTokens) +
+      " --page-size " + std::to_string(kPageSize) + " --head-dim " + std::to_string(kHeadDim) +
+      " --layers " + std::to_string(kLayers) + " --dtype-bytes " + std::to_string(kDtype) +
+      " --window 2 --timeout 120";
   const auto r = testing::run_command(cmd);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const auto j = nlohmann::json::parse(r.out);
@@ -114,9 +113,9 @@ TEST(Run, KilledWorkerFailsTheRunNamingTheRank) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  std::vector<std::string> args = {PDKV_BIN, "run", "--prefill-tp", "2", "--decode-tp", "2",
-                                   "--requests", "100000", "--tokens", "64", "--head-dim", "16",
-                                   "--layers", "2", "--timeout", "120"};
+  std::vector<std::string> args = {
+      PDKV_BIN,   "run", "--prefill-tp", "2",  "--decode-tp", "2", "--requests", "100000",
+      "--tokens", "64",  "--head-dim",   "16", "--layers",    "2", "--timeout",  "120"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
