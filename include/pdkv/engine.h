@@ -43,6 +43,13 @@ namespace pdkv {
 
 enum class Role : uint8_t { kPrefill, kDecode };
 
+// Staging (DESIGN §3): small fragments are gathered into one contiguous
+// block, written at once into a slot the decode rank reserved, and scattered
+// there. The decode rank decides per (room, source): kOn always, kAuto when a
+// route's average fragment is under 4 KiB, kOff never. Needs staging_bytes
+// on both sides; without room in a pool, a route goes direct.
+enum class Staging : uint8_t { kOff, kOn, kAuto };
+
 struct Timeouts {
   // Finding the peer engine's topology (all its ranks registered).
   std::chrono::milliseconds bootstrap{30'000};
@@ -78,7 +85,9 @@ struct EngineConfig {
   uint32_t aux_bytes = 0;  // bytes per aux slot; 0 = no aux data
   uint32_t aux_slots = 0;
   StateSpec state;
-  std::string backend;  // a registered transport name
+  Staging staging = Staging::kAuto;
+  uint64_t staging_bytes = 0;  // this rank's staging pool; 0 = no staging
+  std::string backend;         // a registered transport name
   TransportOptions transport_options;
   std::string bootstrap_address;           // host:port
   std::string control_host = "127.0.0.1";  // where peers reach this rank
@@ -90,6 +99,13 @@ struct EnginePools {
   std::vector<MemoryRegion> kv;  // one per (local layer, K/V): layer * buffers_per_layer + kv
   MemoryRegion aux;              // aux_slots * aux_bytes, when aux_bytes > 0
   MemoryRegion state;            // num_slots * layers * local channels * channel_bytes
+  MemoryRegion staging;          // staging_bytes, when staging_bytes > 0
+};
+
+// Counters since the engine started; for operators and tests.
+struct EngineStats {
+  uint64_t staged_routes = 0;  // (room, peer) routes that went through staging
+  uint64_t direct_routes = 0;  // routes written fragment by fragment
 };
 
 class Sender;
@@ -107,6 +123,7 @@ class Engine {
 
   const EngineConfig& config() const;
   std::string control_address() const;
+  EngineStats stats() const;
 
   // Prefill only: the sending side of `room`, bound for a decode engine.
   Result<std::unique_ptr<Sender>> sender(RoomId room, const std::string& decode_engine,

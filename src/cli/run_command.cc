@@ -251,12 +251,17 @@ int run_router(const RunOptions& o) {
   int64_t start = INT64_MAX, end = 0;
   bool verified = true;
   std::vector<std::string> errors;
+  uint64_t staged = 0, direct = 0;
   for (size_t i = 1; i < children.size(); ++i) {
     const auto& j = *children[i].summary;
     for (uint64_t r : j["failed_rooms"]) failed.insert(r);
     for (const auto& e : j["errors"])
       errors.push_back(children[i].name + ": " + e.get<std::string>());
     verified &= j["verified"].get<bool>();
+    if (j["role"] == "prefill") {
+      staged += j["staged_routes"].get<uint64_t>();
+      direct += j["direct_routes"].get<uint64_t>();
+    }
     if (j["role"] == "decode") {
       bytes += j["bytes"].get<uint64_t>();
       start = std::min<int64_t>(start, j["start_ms"]);
@@ -274,6 +279,8 @@ int run_router(const RunOptions& o) {
   out["gbps"] = bytes / seconds / 1e9;
   out["p50_ms"] = percentile(latencies, 0.5);
   out["p99_ms"] = percentile(latencies, 0.99);
+  out["staged_routes"] = staged;
+  out["direct_routes"] = direct;
   out["backend"] = s.backend;
   out["prefill_tp"] = s.prefill_tp;
   out["decode_tp"] = s.decode_tp;

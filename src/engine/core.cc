@@ -95,6 +95,15 @@ Result<std::shared_ptr<EngineCore>> EngineCore::start(EngineConfig config, Engin
   if (c.aux_bytes > 0 && c.aux_slots == 0) {
     return Status::invalid_argument(fmt::format("aux_bytes {} with 0 aux slots", c.aux_bytes));
   }
+  if (c.staging == Staging::kOn && c.staging_bytes == 0) {
+    return Status::invalid_argument("staging on needs EngineConfig.staging_bytes > 0");
+  }
+  if (c.staging_bytes > 0 &&
+      (pools.staging.base == nullptr || pools.staging.length < c.staging_bytes)) {
+    return Status::invalid_argument(
+        fmt::format("staging region holds {} bytes; staging_bytes is {}", pools.staging.length,
+                    c.staging_bytes));
+  }
   const RankShard shard{c.kv, heads.owned(c.tp_rank).value(), layers};
   PDKV_RETURN_IF_ERROR(check_pools(c, shard, local_channels, pools));
   PDKV_ASSIGN_OR_RETURN(auto transport, create_transport(c.backend, c.transport_options));
@@ -117,6 +126,10 @@ Status EngineCore::init(std::unique_ptr<Transport> transport) {
   }
   if (config_.state.channels > 0) {
     PDKV_ASSIGN_OR_RETURN(state_key_, transport_->register_region(pools_.state));
+  }
+  if (config_.staging_bytes > 0) {
+    PDKV_ASSIGN_OR_RETURN(staging_key_, transport_->register_region(pools_.staging));
+    staging_pool_ = StagingPool(config_.staging_bytes);
   }
   transport_->set_peer_failure_callback(
       [this](PeerId peer, const Status& reason) { on_transport_peer_failed(peer, reason); });
@@ -157,6 +170,8 @@ Status EngineCore::init(std::unique_ptr<Transport> transport) {
   self_.set_kv_region_first(kv_keys_.empty() ? 0 : kv_keys_.front());
   self_.set_aux_region(aux_key_);
   self_.set_state_region(state_key_);
+  self_.set_staging_region(staging_key_);
+  self_.set_staging_bytes(config_.staging_bytes);
 
   links_ = std::make_unique<PeerLinks>(
       self_ref(), config_.timeouts.keepalive, config_.timeouts.connect,
@@ -302,6 +317,15 @@ void EngineCore::run() {
       it = pending ? std::next(it) : draining_.erase(it);
     }
     for (auto& [id, room] : decode_rooms_) progress_decode(*room);
+    const Clock::time_point now = Clock::now();
+    for (auto it = staging_quarantine_.begin(); it != staging_quarantine_.end();) {
+      if (now < it->first) {
+        ++it;
+        continue;
+      }
+      staging_pool_.release(it->second);
+      it = staging_quarantine_.erase(it);
+    }
     if (!deferred_.empty()) {
       for (Action& action : deferred_) actions_.push_back(std::move(action));
       deferred_.clear();
@@ -347,7 +371,13 @@ void EngineCore::drain(Destination& dest) {
     const BatchStatus st = transport_->poll(*it);
     it = st.state == BatchState::kInProgress ? std::next(it) : dest.in_flight.erase(it);
   }
-  if (dest.in_flight.empty()) cv_.notify_all();  // an abort may be waiting for this
+  if (!dest.in_flight.empty()) return;
+  // The gathered block has left: its buffer is free again.
+  if (dest.local_staging && dest.extras_written) {
+    staging_pool_.release(*dest.local_staging);
+    dest.local_staging.reset();
+  }
+  cv_.notify_all();  // an abort may be waiting for this, or a room for staging space
 }
 
 void EngineCore::on_peer_lost(const std::string& key, const Status& reason) {
@@ -457,6 +487,12 @@ void EngineCore::close_room(RoomId id) {
   }
   if (auto it = decode_rooms_.find(id); it != decode_rooms_.end()) {
     fail_decode(*it->second, Status::aborted(fmt::format("room {} closed by its receiver", id)));
+    for (auto& [key, source] : it->second->sources) {
+      if (!source.staging_offset) continue;
+      // A source may still be writing into the slot: reuse it only later.
+      staging_quarantine_.emplace_back(Clock::now() + config_.timeouts.transfer,
+                                       *source.staging_offset);
+    }
     decode_rooms_.erase(it);
   }
   bury(id);

@@ -26,6 +26,7 @@
 #include "bootstrap/client.h"
 #include "engine/peer_links.h"
 #include "engine/routing.h"
+#include "engine/staging_pool.h"
 #include "pdkv.grpc.pb.h"
 #include "pdkv/engine.h"
 #include "pdkv/plan.h"
@@ -57,7 +58,8 @@ struct Destination {
   std::vector<BatchId> in_flight;
   bool reported = false;  // Status(Success) acknowledged by the decode rank
   bool report_pending = false;
-  bool aborted = false;  // the decode rank aborted: no new writes
+  bool aborted = false;                   // the decode rank aborted: no new writes
+  std::optional<uint64_t> local_staging;  // gather buffer in our staging pool
 };
 
 struct PrefillRoom {
@@ -83,6 +85,8 @@ struct Source {
   bool info_sent = false;
   bool info_pending = false;
   bool reported = false;
+  std::optional<uint64_t> staging_offset;  // the slot reserved for this source
+  uint64_t staging_bytes = 0;
 };
 
 struct DecodeRoom {
@@ -104,6 +108,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   const EngineConfig& config() const { return config_; }
   std::string control_address() const { return self_.control_address(); }
+  EngineStats stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
 
   // Sender
   Status open_prefill_room(RoomId room, const std::string& decode_engine, uint32_t dp);
@@ -144,6 +152,14 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void bind_decode_room(DecodeRoom& room, const PeerEngine& peer);
   Status accept_info(PrefillRoom& room, const proto::TransferInfo& info);
   Status post_writes(PrefillRoom& room, Destination& dest);
+  // Decode: reserves a staging slot for `source` when staging pays (see Staging).
+  void reserve_staging(const DecodeRoom& room, Source& source);
+  // Decode: scatters a source's staging slot into the pool and frees it.
+  Status scatter_staged(const DecodeRoom& room, Source& source);
+  // The plan that fills this rank's pages from `source`, with the request's
+  // pages numbered 0..n-1 on the source side (the staging layout does not
+  // depend on the source's page numbers).
+  Result<TransferPlan> staging_plan(const Source& source, const proto::TransferInfo& info);
   void fail_prefill(PrefillRoom& room, const Status& reason);
   void fail_decode(DecodeRoom& room, const Status& reason);
   void on_peer_lost(const std::string& key, const Status& reason);
@@ -173,7 +189,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   uint32_t local_channels_ = 0;
   std::unique_ptr<Transport> transport_;
   std::vector<RegionKey> kv_keys_;
-  RegionKey aux_key_ = 0, state_key_ = 0;
+  RegionKey aux_key_ = 0, state_key_ = 0, staging_key_ = 0;
+  StagingPool staging_pool_;
+  EngineStats stats_;
+  // Slots of failed rooms, freed only once any write still on its way has
+  // landed (after the transfer timeout).
+  std::vector<std::pair<Clock::time_point, uint64_t>> staging_quarantine_;
   Planner planner_;
   std::unique_ptr<bootstrap::Client> bootstrap_;
   std::unique_ptr<grpc::Server> server_;

@@ -119,7 +119,13 @@ void EngineCore::progress_decode(DecodeRoom& room) {
     for (auto& [key, source] : room.sources) {
       if (!source.info_sent && !source.info_pending) {
         source.info_pending = true;
-        deferred_.push_back(info_action(room.id, source.rank, *room.metadata));
+        reserve_staging(room, source);
+        proto::TransferInfo info = *room.metadata;
+        if (source.staging_offset) {
+          info.set_staging_offset(*source.staging_offset);
+          info.set_staging_bytes(source.staging_bytes);
+        }
+        deferred_.push_back(info_action(room.id, source.rank, info));
       }
       all_sent &= source.info_sent;
       all_reported &= source.reported;
@@ -231,6 +237,50 @@ Status EngineCore::send_abort(RoomId id, const proto::RankInfo& source, const st
   return Status::ok();
 }
 
+Result<TransferPlan> EngineCore::staging_plan(const Source& source,
+                                              const proto::TransferInfo& info) {
+  std::vector<uint64_t> numbered(info.dst_pages_size());
+  for (size_t i = 0; i < numbered.size(); ++i) numbered[i] = i;
+  const std::vector<uint64_t> dst(info.dst_pages().begin(), info.dst_pages().end());
+  return planner_.plan(shard_of(source.rank), shard_, *source.link.kv, numbered, dst);
+}
+
+void EngineCore::reserve_staging(const DecodeRoom& room, Source& source) {
+  if (config_.staging == Staging::kOff || config_.staging_bytes == 0 || !source.link.kv ||
+      source.rank.staging_bytes() == 0 ||
+      uint64_t(room.metadata->dst_pages_size()) > source.rank.kv_spec().num_pages()) {
+    return;
+  }
+  auto plan = staging_plan(source, *room.metadata);
+  if (!plan.is_ok() || plan->bytes() == 0) return;  // a bad route surfaces at the source
+  // Auto: staging pays when fragments are small (one write instead of many).
+  constexpr uint64_t kSmallFragment = 4096;
+  if (config_.staging == Staging::kAuto &&
+      plan->bytes() / std::max<uint64_t>(1, plan->fragment_count()) >= kSmallFragment) {
+    return;
+  }
+  if (auto offset = staging_pool_.allocate(plan->bytes())) {
+    source.staging_offset = *offset;
+    source.staging_bytes = plan->bytes();
+    ++stats_.staged_routes;
+  }
+}
+
+Status EngineCore::scatter_staged(const DecodeRoom& room, Source& source) {
+  PDKV_ASSIGN_OR_RETURN(TransferPlan plan, staging_plan(source, *room.metadata));
+  std::vector<std::span<std::byte>> pool;
+  for (const MemoryRegion& r : pools_.kv)
+    pool.emplace_back(static_cast<std::byte*>(r.base), r.length);
+  const std::span<const std::byte> slot(
+      static_cast<const std::byte*>(pools_.staging.base) + *source.staging_offset,
+      source.staging_bytes);
+  const Status st = scatter(plan, slot, pool);
+  staging_pool_.release(*source.staging_offset);
+  source.staging_offset.reset();
+  return st.with_context(
+      fmt::format("room {}: scattering the staged bytes of {}", room.id, describe(source.rank)));
+}
+
 Status EngineCore::on_room_status(const proto::RoomStatus& status) {
   const RoomId id = status.room();
   std::lock_guard lock(mu_);
@@ -254,6 +304,11 @@ Status EngineCore::on_room_status(const proto::RoomStatus& status) {
                     from.dp_rank(), from.tp_rank(), from.pp_rank(), describe(self_)));
   }
   if (status.success()) {
+    if (source->second.staging_offset && room.metadata) {
+      // The source's bytes are in our staging slot, visible: put them in place.
+      const Status scattered = scatter_staged(room, source->second);
+      if (!scattered.is_ok()) fail_decode(room, scattered);
+    }
     source->second.reported = true;
   } else {
     const auto code = static_cast<StatusCode>(status.code());

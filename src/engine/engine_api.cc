@@ -16,6 +16,7 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, EnginePools 
 
 const EngineConfig& Engine::config() const { return core_->config(); }
 std::string Engine::control_address() const { return core_->control_address(); }
+EngineStats Engine::stats() const { return core_->stats(); }
 
 Result<std::unique_ptr<Sender>> Engine::sender(RoomId room, const std::string& decode_engine,
                                                uint32_t decode_dp_rank) {

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "grpc_status.h"
 #include "log.h"
@@ -12,7 +13,10 @@ namespace pdkv::engine {
 
 PeerLink::PeerLink(std::string key, std::string address, std::string name,
                    std::chrono::milliseconds keepalive)
-    : key_(std::move(key)), address_(std::move(address)), name_(std::move(name)) {
+    : key_(std::move(key)),
+      address_(std::move(address)),
+      name_(std::move(name)),
+      keepalive_(keepalive) {
   grpc::ChannelArguments args;
   const int ms = static_cast<int>(keepalive.count());
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
@@ -41,22 +45,35 @@ Status PeerLink::alive() const {
 void PeerLink::watch(const proto::RankRef& self, std::chrono::milliseconds connect_timeout,
                      std::function<void(const Status&)> lost) {
   watcher_ = std::thread([this, self, connect_timeout, lost = std::move(lost)] {
-    // First the connection, retried for a while: a peer that cannot be
-    // reached in that time is as dead as one whose stream broke.
-    const bool connected =
-        channel_->WaitForConnected(std::chrono::system_clock::now() + connect_timeout);
-    if (stopping_) return;
-    if (!connected) {
-      const Status reason = Status::unavailable(
-          fmt::format("control connection to {} lost: cannot connect within {} ms", name_,
-                      connect_timeout.count()));
-      {
-        std::lock_guard lock(mu_);
-        lost_reason_ = reason;
-        cancel_calls();
+    // First the connection. A slow peer gets `connect_timeout`; one that
+    // keeps refusing (its process is gone) is dead after one keepalive
+    // period of refusals; a single transient failure is retried.
+    const auto deadline = std::chrono::system_clock::now() + connect_timeout;
+    std::optional<std::chrono::system_clock::time_point> failing_since;
+    std::string why;
+    while (true) {
+      const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+      if (state == GRPC_CHANNEL_READY) break;
+      const auto now = std::chrono::system_clock::now();
+      if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && !failing_since) failing_since = now;
+      if (failing_since && now - *failing_since >= keepalive_) {
+        why = fmt::format("unreachable for {} ms", keepalive_.count());
+      } else if (now >= deadline) {
+        why = fmt::format("cannot connect within {} ms", connect_timeout.count());
       }
-      lost(reason);
-      return;
+      if (stopping_) return;
+      if (!why.empty()) {
+        const Status reason =
+            Status::unavailable(fmt::format("control connection to {} lost: {}", name_, why));
+        {
+          std::lock_guard lock(mu_);
+          lost_reason_ = reason;
+          cancel_calls();
+        }
+        lost(reason);
+        return;
+      }
+      channel_->WaitForStateChange(state, std::min(deadline, now + std::chrono::milliseconds(50)));
     }
     auto stream = stub_->Watch(&watch_ctx_);
     proto::Heartbeat hello;

@@ -63,6 +63,7 @@ class PeerLink {
 
  private:
   const std::string key_, address_, name_;
+  const std::chrono::milliseconds keepalive_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::Control::Stub> stub_;
   void cancel_calls();  // mu_ held

@@ -246,6 +246,15 @@ Status EngineCore::accept_info(PrefillRoom& room, const proto::TransferInfo& inf
                                                 room.id, who, info.state_slots_size(),
                                                 room.state_slots.size()));
   }
+  if (info.staging_bytes() > 0 &&
+      (config_.staging_bytes == 0 || info.staging_offset() > dest.rank.staging_bytes() ||
+       info.staging_bytes() > dest.rank.staging_bytes() - info.staging_offset())) {
+    return Status::out_of_range(fmt::format(
+        "room {}: {} staging slot [{}, {}) outside its {}-byte staging pool, or this rank has "
+        "no staging pool ({} bytes)",
+        room.id, who, info.staging_offset(), info.staging_offset() + info.staging_bytes(),
+        dest.rank.staging_bytes(), config_.staging_bytes));
+  }
   for (uint32_t s : info.state_slots()) {
     if (s >= dest.rank.state().num_slots()) {
       return Status::out_of_range(fmt::format("room {}: {} state slot {} of {} slots", room.id, who,
@@ -351,13 +360,43 @@ Status EngineCore::post_writes(PrefillRoom& room, Destination& dest) {
   }
   std::vector<WriteOp> ops;
   const proto::TransferInfo& info = *dest.info;
-  if (dest.link.kv && dest.pages_written < available) {
+  if (info.staging_bytes() > 0 && dest.link.kv) {
+    // Staged: the whole request is gathered into one block once the last
+    // chunk is here, and written into the slot the decode rank reserved.
+    if (!extras_due) {
+      dest.pages_written = available;
+      return Status::ok();
+    }
+    const std::span<const uint64_t> dst(info.dst_pages().data(), info.dst_pages_size());
+    PDKV_ASSIGN_OR_RETURN(TransferPlan plan, planner_.plan(shard_, shard_of(dest.rank),
+                                                           *dest.link.kv, room.pages, dst));
+    if (plan.bytes() != info.staging_bytes()) {
+      return Status::invalid_argument(
+          fmt::format("room {}: {} reserved a staging slot of {} bytes, but the plan moves {}",
+                      room.id, describe(dest.rank), info.staging_bytes(), plan.bytes()));
+    }
+    if (!dest.local_staging) {
+      dest.local_staging = staging_pool_.allocate(plan.bytes());
+      if (!dest.local_staging) return Status::ok();  // no room to gather yet: retry when freed
+    }
+    std::vector<std::span<const std::byte>> pool;
+    for (const MemoryRegion& r : pools_.kv) {
+      pool.emplace_back(static_cast<const std::byte*>(r.base), r.length);
+    }
+    const std::span<std::byte> block(
+        static_cast<std::byte*>(pools_.staging.base) + *dest.local_staging, plan.bytes());
+    PDKV_RETURN_IF_ERROR(gather(plan, pool, block));
+    ops.push_back({staging_key_, *dest.local_staging, dest.rank.staging_region(),
+                   info.staging_offset(), plan.bytes()});
+    ++stats_.staged_routes;
+  } else if (dest.link.kv && dest.pages_written < available) {
     const std::span<const uint64_t> src(room.pages.data() + dest.pages_written,
                                         available - dest.pages_written);
     const std::span<const uint64_t> dst(info.dst_pages().data() + dest.pages_written, src.size());
     PDKV_ASSIGN_OR_RETURN(TransferPlan plan,
                           planner_.plan(shard_, shard_of(dest.rank), *dest.link.kv, src, dst));
     ops.reserve(plan.fragment_count());
+    if (dest.pages_written == 0) ++stats_.direct_routes;
     const RegionKey remote_first = dest.rank.kv_region_first();
     plan.for_each([&](const Fragment& f) {
       ops.push_back({kv_keys_[f.src_buffer], f.src_offset, remote_first + f.dst_buffer,

@@ -30,11 +30,12 @@ const char* kv_name(uint32_t kv, bool mla) { return mla ? "latent" : (kv == 0 ? 
 
 struct Pools {
   std::vector<std::vector<std::byte>> kv;
-  std::vector<std::byte> aux;
+  std::vector<std::byte> aux, staging;
   EnginePools regions() {
     EnginePools p;
     for (auto& b : kv) p.kv.push_back({b.data(), b.size(), MemoryKind::kHost, 0});
     p.aux = {aux.data(), aux.size(), MemoryKind::kHost, 0};
+    if (!staging.empty()) p.staging = {staging.data(), staging.size(), MemoryKind::kHost, 0};
     return p;
   }
 };
@@ -58,10 +59,6 @@ Status Shape::validate() const {
   }
   if (staging != "auto" && staging != "off" && staging != "on") {
     return Status::invalid_argument(fmt::format("--staging '{}' is not on, off or auto", staging));
-  }
-  if (staging == "on") {
-    return Status::invalid_argument(
-        "--staging on: the staging path is not wired into the engine yet (use off or auto)");
   }
   PDKV_ASSIGN_OR_RETURN(Layout l, parse_layout(layout));
   (void)l;
@@ -118,6 +115,9 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
   cfg.aux_slots = shape.aux_bytes > 0 ? shape.window : 0;
   cfg.backend = shape.backend;
   cfg.bootstrap_address = args.bootstrap;
+  cfg.staging = shape.staging == "on"    ? Staging::kOn
+                : shape.staging == "off" ? Staging::kOff
+                                         : Staging::kAuto;
   PDKV_ASSIGN_OR_RETURN(auto heads_axis,
                         AxisSharding::even(cfg.kv.total_heads, tp_size,
                                            {"KV heads", prefill ? "prefill TP" : "decode TP"}));
@@ -127,6 +127,18 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
   Pools pools;
   pools.kv.assign(shape.layers * cfg.kv.buffers_per_layer(),
                   std::vector<std::byte>(cfg.kv.num_pages * cfg.kv.page_bytes(heads.count)));
+  if (cfg.staging != Staging::kOff) {
+    // Room for a window of requests: a decode rank stages at most its own
+    // share of a request; a prefill rank gathers its share once per
+    // destination (up to D/P of them, more under GQA replication).
+    const uint64_t share = uint64_t{shape.layers} * cfg.kv.buffers_per_layer() *
+                           shape.pages_per_request() * cfg.kv.page_bytes(heads.count);
+    const uint64_t fan_out =
+        prefill ? std::max<uint64_t>(1, (shape.decode_tp + shape.prefill_tp - 1) / shape.prefill_tp)
+                : 1;
+    cfg.staging_bytes = shape.window * share * fan_out;
+    pools.staging.resize(cfg.staging_bytes);
+  }
   pools.aux.resize(std::max<uint64_t>(1, uint64_t{shape.window} * shape.aux_bytes));
   PDKV_ASSIGN_OR_RETURN(auto engine, Engine::create(cfg, pools.regions()));
 
@@ -269,6 +281,8 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
   out["end_ms"] = epoch_ms();
   out["latencies_ms"] = latencies;
   out["failed_rooms"] = failed_rooms;
+  out["staged_routes"] = engine->stats().staged_routes;
+  out["direct_routes"] = engine->stats().direct_routes;
   out["errors"] = errors;
   return nlohmann::json(out);
 }

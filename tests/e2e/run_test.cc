@@ -64,6 +64,12 @@ TEST_P(RunMatrix, EveryRequestVerified) {
   EXPECT_EQ(j["bytes"].get<uint64_t>(),
             uint64_t{kRequests} * buffers * pages * kPageSize * heads_received * kHeadDim * kDtype);
   for (const char* key : {"gbps", "p50_ms", "p99_ms"}) EXPECT_TRUE(j.contains(key)) << key;
+  if (c.staging == "on") {
+    EXPECT_GT(j["staged_routes"].get<uint64_t>(), 0u);
+    EXPECT_EQ(j["direct_routes"].get<uint64_t>(), 0u);
+  } else if (c.staging == "off") {
+    EXPECT_EQ(j["staged_routes"].get<uint64_t>(), 0u);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -76,7 +82,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"hnd_h8_tp2_to_4", "nixl", 8, 2, 4, false, "hnd"},
                       Case{"hnd_h2_tp1_to_4", "nixl", 2, 1, 4, false, "hnd"},
                       Case{"chunked_h8_tp4_to_2", "nixl", 8, 4, 2, false, "nhd", 3},
-                      Case{"staging_off_h8_tp2_to_4", "nixl", 8, 2, 4, false, "nhd", 1, "off"}));
+                      Case{"staging_off_h8_tp2_to_4", "nixl", 8, 2, 4, false, "nhd", 1, "off"},
+                      Case{"staging_on_h8_tp4_to_2", "nixl", 8, 4, 2, false, "nhd", 1, "on"},
+                      Case{"staging_on_h2_tp1_to_4", "nixl", 2, 1, 4, false, "nhd", 1, "on"},
+                      Case{"staging_on_mla_tp2_to_4", "nixl", 1, 2, 4, true, "nhd", 1, "on"},
+                      Case{"staging_on_chunked_hnd", "nixl", 8, 2, 4, false, "hnd", 3, "on"}));
 
 TEST(Run, RefusesBadInputWithExitTwo) {
   auto r = testing::run_command(std::string(PDKV_BIN) + " run --kv-heads 8 --prefill-tp 3");

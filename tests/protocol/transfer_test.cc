@@ -78,6 +78,18 @@ TEST_P(Transfer, EveryByteArrives) {
   for (auto& r : receivers) EXPECT_EQ(r->poll(), PollState::kSuccess) << r->failure().to_string();
   for (auto& s : senders) EXPECT_EQ(s->poll(), PollState::kSuccess) << s->failure().to_string();
   EXPECT_EQ(cluster->verify(room, dst_pages, 2, dst_state), "");
+  // Staging on: every route went through it, on both sides.
+  uint64_t staged = 0, direct = 0;
+  for (auto& e : cluster->prefill) {
+    staged += e->stats().staged_routes;
+    direct += e->stats().direct_routes;
+  }
+  if (c.spec.staging == Staging::kOn) {
+    EXPECT_GT(staged, 0u);
+    EXPECT_EQ(direct, 0u);
+  } else if (c.spec.staging == Staging::kOff) {
+    EXPECT_EQ(staged, 0u);
+  }
 }
 
 std::vector<Case> cases() {
@@ -116,6 +128,25 @@ std::vector<Case> cases() {
   extras_gqa.aux_bytes = 8;
   extras_gqa.state = StateSpec{2, 3, 4};  // 2 channels over TP 4: replicated like heads
   out.push_back({"aux_state_h2_tp1_to_4", extras_gqa});
+  // Staging: gathered at the source, one block, scattered at the destination.
+  for (auto [name, p, d, heads] : {std::tuple{"staging_h8_tp4_to_2", 4u, 2u, 8u},
+                                   std::tuple{"staging_h8_tp2_to_4", 2u, 4u, 8u},
+                                   std::tuple{"staging_h2_tp1_to_4_gqa", 1u, 4u, 2u}}) {
+    ClusterSpec st = shape(heads, p, d);
+    st.staging = Staging::kOn;
+    out.push_back({name, st, 2});
+  }
+  ClusterSpec st_mla = shape(1, 2, 4);
+  st_mla.kv.mla = true;
+  st_mla.staging = Staging::kOn;
+  out.push_back({"staging_mla_tp2_to_4", st_mla});
+  ClusterSpec st_hnd = shape(8, 2, 4);
+  st_hnd.kv.layout = Layout::kHnd;
+  st_hnd.decode_layout = Layout::kHnd;
+  st_hnd.staging = Staging::kAuto;  // tiny fragments here: auto stages
+  st_hnd.aux_bytes = 8;
+  st_hnd.state = StateSpec{4, 6, 4};
+  out.push_back({"staging_auto_hnd_aux_state_h8_tp2_to_4", st_hnd});
   return out;
 }
 

@@ -59,6 +59,7 @@ EnginePools RankMemory::pools() {
   for (auto& b : kv) p.kv.push_back(region(b));
   p.aux = region(aux);
   p.state = region(state);
+  if (!staging.empty()) p.staging = region(staging);
   return p;
 }
 
@@ -101,6 +102,14 @@ std::unique_ptr<Cluster> Cluster::start(const ClusterSpec& spec) {
         cfg.timeouts = prefill ? spec.timeouts : spec.decode_timeouts.value_or(spec.timeouts);
         auto& memory = prefill ? c->prefill_memory : c->decode_memory;
         memory.push_back(allocate(kv, spec, geometry(kv, spec.state, tp, tp_size, pp, pp_size)));
+        cfg.staging = spec.staging;
+        if (spec.staging != Staging::kOff) {
+          // Generous: a whole pool's worth per destination, for any test here.
+          uint64_t bytes = 0;
+          for (const auto& b : memory.back().kv) bytes += b.size();
+          cfg.staging_bytes = bytes * 8;
+          memory.back().staging.resize(cfg.staging_bytes);
+        }
         auto engine = Engine::create(cfg, memory.back().pools());
         EXPECT_TRUE(engine.is_ok()) << engine.status().to_string();
         if (!engine.is_ok()) return nullptr;

@@ -25,12 +25,13 @@ struct ClusterSpec {
   Timeouts timeouts;
   std::optional<Timeouts> decode_timeouts;  // when the decode side needs others
   TransportOptions prefill_transport;       // loopback options of the prefill ranks
+  Staging staging = Staging::kOff;          // with kOn/kAuto every rank gets a staging pool
   std::string prefill_id = "prefill", decode_id = "decode";
 };
 
 struct RankMemory {
   std::vector<std::vector<std::byte>> kv;
-  std::vector<std::byte> aux, state;
+  std::vector<std::byte> aux, state, staging;
   EnginePools pools();
 };
 
