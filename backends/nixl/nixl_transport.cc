@@ -529,14 +529,21 @@ void NixlTransport::close_endpoint(Peer& peer) {
     r.rkey = nullptr;
   }
   if (peer.ep == nullptr) return;
+  // UCX defines a forced close only for endpoints in PEER error-handling mode
+  // on both sides; otherwise close with a flush. Either way wait a bounded
+  // time: a dead peer never confirms, and the worker's destruction reclaims
+  // whatever is left.
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  param.flags = peer_error_handling_ ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t req = ucp_ep_close_nbx(peer.ep, &param);
-  // A forced close completes within progress; its request is ours to free.
   if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
-    while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-    ucp_request_free(req);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (ucp_request_check_status(req) == UCS_INPROGRESS &&
+           std::chrono::steady_clock::now() < give_up) {
+      ucp_worker_progress(worker_);
+    }
+    ucp_request_free(req);  // released now, or by UCX when the close completes
   }
   peer.ep = nullptr;
 }

@@ -105,6 +105,12 @@ class Transport {
   // Notifications received since the last call, in arrival order.
   virtual std::vector<std::string> take_notifications() { return {}; }
 
+  // Makes the bytes that peers wrote into this rank's regions, and whose
+  // completion the caller learnt of through another channel (a control
+  // message), visible to the calling thread before it reads them. A NIC's
+  // completion already orders them for the CPU, so most backends do nothing.
+  virtual void acquire_remote_writes() {}
+
   // Called once per peer that fails, whether the backend detected it or the
   // protocol layer reported it through fail_peer.
   virtual void set_peer_failure_callback(PeerFailureCallback callback) = 0;

@@ -274,6 +274,7 @@ Status EngineCore::scatter_staged(const DecodeRoom& room, Source& source) {
   const std::span<const std::byte> slot(
       static_cast<const std::byte*>(pools_.staging.base) + *source.staging_offset,
       source.staging_bytes);
+  transport_->acquire_remote_writes();  // the report said the bytes are there
   const Status st = scatter(plan, slot, pool);
   staging_pool_.release(*source.staging_offset);
   source.staging_offset.reset();
