@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -178,6 +179,7 @@ int run_router(const RunOptions& o) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
   uint64_t shown = 0;
+  std::optional<std::chrono::steady_clock::time_point> reported_at;
   auto last_line = std::chrono::steady_clock::now();
   std::string failure;
   while (failure.empty()) {
@@ -203,6 +205,22 @@ int run_router(const RunOptions& o) {
           owners[i]->summary = nlohmann::json::parse(line, nullptr, false);
         }
       }
+    }
+    // Every worker has reported: allow a few seconds to exit, then stop the
+    // stragglers (their outcome is in), saying who lingered.
+    bool all_reported = true;
+    for (size_t i = 1; i < children.size(); ++i) all_reported &= children[i].summary.has_value();
+    if (all_reported && !reported_at) reported_at = std::chrono::steady_clock::now();
+    if (reported_at && std::chrono::steady_clock::now() - *reported_at > std::chrono::seconds(5)) {
+      for (size_t i = 1; i < children.size(); ++i) {
+        if (children[i].exited) continue;
+        std::fprintf(stderr, "pdkv run: %s (pid %d) reported but did not exit; stopped it\n",
+                     children[i].name.c_str(), children[i].pid);
+        kill(children[i].pid, SIGKILL);
+        waitpid(children[i].pid, &children[i].status, 0);
+        children[i].exited = true;
+      }
+      break;
     }
     for (size_t i = 1; i < children.size(); ++i) {
       Child& c = children[i];

@@ -11,18 +11,22 @@ namespace pdkv::cli {
 namespace {
 
 int run(const worker::WorkerArgs& args) {
-  auto summary = worker::run_worker(args, [](uint64_t done) {
-    std::printf("progress %llu\n", static_cast<unsigned long long>(done));
-    std::fflush(stdout);
-  });
+  auto summary = worker::run_worker(
+      args,
+      [](uint64_t done) {
+        std::printf("progress %llu\n", static_cast<unsigned long long>(done));
+        std::fflush(stdout);
+      },
+      [](const nlohmann::json& j) {
+        std::printf("%s\n", j.dump().c_str());
+        std::fflush(stdout);
+      });
   if (!summary.is_ok()) {
     std::fprintf(stderr, "pdkv %s: %s\n", args.role == Role::kPrefill ? "prefill" : "decode",
                  summary.status().message().c_str());
     return summary.status().code() == StatusCode::kInvalidArgument ? kExitInvalidInput
                                                                    : kExitFailure;
   }
-  std::printf("%s\n", summary->dump().c_str());
-  std::fflush(stdout);
   return (*summary)["verified"].get<bool>() ? kExitOk : kExitFailure;
 }
 

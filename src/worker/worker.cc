@@ -96,7 +96,8 @@ std::vector<uint64_t> request_pages(const Shape& shape, Role role, uint64_t room
 }
 
 Result<nlohmann::json> run_worker(const WorkerArgs& args,
-                                  const std::function<void(uint64_t)>& progress) {
+                                  const std::function<void(uint64_t)>& progress,
+                                  const std::function<void(const nlohmann::json&)>& summary) {
   const Shape& shape = args.shape;
   PDKV_RETURN_IF_ERROR(shape.validate());
   const bool prefill = args.role == Role::kPrefill;
@@ -284,6 +285,8 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
   out["staged_routes"] = engine->stats().staged_routes;
   out["direct_routes"] = engine->stats().direct_routes;
   out["errors"] = errors;
+  // Reported before the engine shuts down: the outcome is known now.
+  summary(nlohmann::json(out));
   return nlohmann::json(out);
 }
 

@@ -51,9 +51,11 @@ struct WorkerArgs {
 // Runs every request on this rank and returns its summary:
 // {"role","rank","requests","succeeded","failed","verified","bytes",
 //  "start_ms","end_ms","latencies_ms":[...],"failed_rooms":[...],"errors":[...]}.
-// `progress(done)` is called after each finished request.
+// `progress(done)` is called after each finished request, `summary` with the
+// summary once every request ended, before the engine shuts down.
 Result<nlohmann::json> run_worker(const WorkerArgs& args,
-                                  const std::function<void(uint64_t done)>& progress);
+                                  const std::function<void(uint64_t done)>& progress,
+                                  const std::function<void(const nlohmann::json&)>& summary);
 
 // The pages of request `room` in this role's pool: the request's slot of the
 // pool, in an order shuffled per room and role, so that prefill and decode
