@@ -1,6 +1,6 @@
 // pdkv_backend_peer: one transport of a backend in its own process, for the
 // conformance suite's peer-death test.
-//   pdkv_backend_peer BACKEND REGION_BYTES
+//   pdkv_backend_peer BACKEND REGION_BYTES [KEY=VALUE]
 // Registers one region, prints its descriptor (hex) on one line, then waits
 // to be killed.
 #include <unistd.h>
@@ -12,11 +12,16 @@
 #include "pdkv/transport.h"
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s BACKEND REGION_BYTES\n", argv[0]);
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: %s BACKEND REGION_BYTES [KEY=VALUE]\n", argv[0]);
     return 2;
   }
-  auto transport = pdkv::create_transport(argv[1]);
+  pdkv::TransportOptions options;
+  if (argc == 4) {
+    const std::string kv = argv[3];
+    options[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+  }
+  auto transport = pdkv::create_transport(argv[1], options);
   if (!transport.is_ok()) {
     std::fprintf(stderr, "%s\n", transport.status().to_string().c_str());
     return 1;

@@ -41,17 +41,20 @@ BatchStatus wait(Transport& t, BatchId batch) {
   return st;
 }
 
-// A backend name; printed bare so that CTest lists ".../nixl".
+// A backend name and its options; printed as `label` so that CTest lists
+// ".../nixl" or ".../nixl_peer".
 struct Backend {
   std::string name;
+  TransportOptions options;
+  std::string label;
 };
-void PrintTo(const Backend& b, std::ostream* os) { *os << b.name; }
+void PrintTo(const Backend& b, std::ostream* os) { *os << (b.label.empty() ? b.name : b.label); }
 
 class Conformance : public ::testing::TestWithParam<Backend> {
  protected:
   void SetUp() override {
-    auto a = create_transport(GetParam().name);
-    auto b = create_transport(GetParam().name);
+    auto a = create_transport(GetParam().name, GetParam().options);
+    auto b = create_transport(GetParam().name, GetParam().options);
     ASSERT_TRUE(a.is_ok()) << a.status().to_string();
     ASSERT_TRUE(b.is_ok()) << b.status().to_string();
     sender_ = std::move(a).value();
@@ -189,9 +192,12 @@ TEST_P(Conformance, PeerKilledMidBatch) {
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&actions, out[0]);
   const std::string backend = GetParam().name, bytes = std::to_string(64 << 20);
+  std::string option;
+  for (const auto& [k, v] : GetParam().options) option = k + "=" + v;
   std::vector<char*> argv = {const_cast<char*>(PDKV_BACKEND_PEER),
-                             const_cast<char*>(backend.c_str()), const_cast<char*>(bytes.c_str()),
-                             nullptr};
+                             const_cast<char*>(backend.c_str()), const_cast<char*>(bytes.c_str())};
+  if (!option.empty()) argv.push_back(option.data());
+  argv.push_back(nullptr);
   pid_t pid = -1;
   ASSERT_EQ(posix_spawn(&pid, PDKV_BACKEND_PEER, &actions, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&actions);
