@@ -384,38 +384,14 @@ void EngineCore::on_peer_lost(const std::string& key, const Status& reason) {
   std::optional<PeerId> transport_peer;
   {
     std::lock_guard lock(mu_);
-    auto key_of = [](const proto::RankInfo& r) {
-      return PeerLinks::key_of(r.control_address(), r.incarnation());
-    };
-    // Only rooms that still wait on that peer fail: a destination that
-    // acknowledged (or is acknowledging), or a source that reported, owes
-    // this room nothing more.
-    size_t affected = 0;
-    for (auto& [id, room] : prefill_rooms_) {
-      for (auto& [k, dest] : room->destinations) {
-        // A success report in flight is decided by its reply, not by the loss.
-        if (key_of(dest.rank) == key && !dest.reported && !dest.report_pending &&
-            !room->state.terminal()) {
-          fail_prefill(*room, reason);
-          ++affected;
-        }
-      }
-    }
-    for (auto& [id, room] : decode_rooms_) {
-      for (auto& [k, source] : room->sources) {
-        if (key_of(source.rank) == key && !source.reported && !room->state.terminal()) {
-          fail_decode(*room, reason);
-          ++affected;
-        }
-      }
-    }
+    const size_t affected = fail_rooms_waiting_on(key, reason);
     // A peer that leaves when nothing waits on it is news, not a warning.
     logger("engine")->log(affected ? spdlog::level::warn : spdlog::level::info, "{}",
                           reason.message());
     // A restarted peer registers a new incarnation: look its engine up afresh.
     for (auto it = peers_.begin(); it != peers_.end();) {
       bool stale = false;
-      for (const auto& r : it->second.topology.ranks) stale |= key_of(r) == key;
+      for (const auto& r : it->second.topology.ranks) stale |= PeerLinks::key_of(r) == key;
       it = stale ? peers_.erase(it) : std::next(it);
     }
     auto tp = transport_peers_.find(key);
@@ -426,25 +402,39 @@ void EngineCore::on_peer_lost(const std::string& key, const Status& reason) {
   wake();
 }
 
-void EngineCore::on_transport_peer_failed(PeerId peer, const Status& reason) {
-  std::string key;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [k, p] : transport_peers_) {
-      if (p == peer) key = k;
-    }
-  }
-  if (key.empty()) return;
-  std::lock_guard lock(mu_);
-  const Status why =
-      Status::unavailable(fmt::format("transport lost peer {}: {}", key, reason.message()));
+size_t EngineCore::fail_rooms_waiting_on(const std::string& key, const Status& reason) {
+  // Only rooms that still wait on that peer fail: a destination that
+  // acknowledged (or is acknowledging: a success report in flight is decided
+  // by its reply, not by the loss), or a source that reported, owes this
+  // room nothing more.
+  size_t affected = 0;
   for (auto& [id, room] : prefill_rooms_) {
     for (auto& [k, dest] : room->destinations) {
-      if (PeerLinks::key_of(dest.rank.control_address(), dest.rank.incarnation()) == key &&
-          !dest.reported && !dest.report_pending) {
-        fail_prefill(*room, why);
+      if (PeerLinks::key_of(dest.rank) == key && !dest.reported && !dest.report_pending &&
+          !room->state.terminal()) {
+        fail_prefill(*room, reason);
+        ++affected;
       }
     }
+  }
+  for (auto& [id, room] : decode_rooms_) {
+    for (auto& [k, source] : room->sources) {
+      if (PeerLinks::key_of(source.rank) == key && !source.reported && !room->state.terminal()) {
+        fail_decode(*room, reason);
+        ++affected;
+      }
+    }
+  }
+  return affected;
+}
+
+void EngineCore::on_transport_peer_failed(PeerId peer, const Status& reason) {
+  std::lock_guard lock(mu_);
+  for (const auto& [key, p] : transport_peers_) {
+    if (p != peer) continue;
+    fail_rooms_waiting_on(
+        key, Status::unavailable(fmt::format("transport lost peer {}: {}", key, reason.message())));
+    break;
   }
   wake();
 }
@@ -497,6 +487,13 @@ void EngineCore::close_room(RoomId id) {
   }
   bury(id);
   wake();
+}
+
+Status EngineCore::check_room_unused(RoomId id) const {
+  if (closed_before(id)) {
+    return Status::failed_precondition(fmt::format("room {} was used and closed already", id));
+  }
+  return Status::ok();
 }
 
 PrefillRoom* EngineCore::find_prefill(RoomId id) {

@@ -164,6 +164,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void fail_decode(DecodeRoom& room, const Status& reason);
   void on_peer_lost(const std::string& key, const Status& reason);
   void on_transport_peer_failed(PeerId peer, const Status& reason);
+  // Fails every open room that still waits on the peer behind link `key`
+  // (mu_ held); returns how many.
+  size_t fail_rooms_waiting_on(const std::string& key, const Status& reason);
+  Status check_room_unused(RoomId id) const;  // mu_ held
   void wake() { cv_.notify_all(); }
   void run_actions();  // an action thread: control calls to peers, never under mu_
   // Waits (mu_ held through `lock`) until the lookup of `key` has ended; null

@@ -12,9 +12,7 @@ Status EngineCore::open_decode_room(RoomId id, const std::string& prefill_engine
     return Status::failed_precondition("receiver() needs a decode engine; this one is prefill");
   }
   std::lock_guard lock(mu_);
-  if (closed_before(id)) {
-    return Status::failed_precondition(fmt::format("room {} was used and closed already", id));
-  }
+  PDKV_RETURN_IF_ERROR(check_room_unused(id));
   auto& slot = decode_rooms_[id];
   if (slot) return Status::already_exists(fmt::format("room {} already has a receiver", id));
   slot = std::make_unique<DecodeRoom>();

@@ -84,6 +84,9 @@ class PeerLinks {
   ~PeerLinks();
 
   static std::string key_of(const std::string& address, uint64_t incarnation);
+  static std::string key_of(const proto::RankInfo& rank) {
+    return key_of(rank.control_address(), rank.incarnation());
+  }
   // The link for this peer, created (and watched) on first use.
   std::shared_ptr<PeerLink> get(const std::string& address, uint64_t incarnation,
                                 const std::string& name);

@@ -31,9 +31,7 @@ Status EngineCore::open_prefill_room(RoomId id, const std::string& decode_engine
     return Status::failed_precondition("sender() needs a prefill engine; this one is decode");
   }
   std::lock_guard lock(mu_);
-  if (closed_before(id)) {
-    return Status::failed_precondition(fmt::format("room {} was used and closed already", id));
-  }
+  PDKV_RETURN_IF_ERROR(check_room_unused(id));
   auto& slot = prefill_rooms_[id];
   if (slot && slot->has_sender) {
     return Status::already_exists(fmt::format("room {} already has a sender", id));
@@ -350,7 +348,7 @@ Status EngineCore::post_writes(PrefillRoom& room, Destination& dest) {
   const bool extras_due = room.last && available == room.num_pages && !dest.extras_written;
   if (dest.pages_written == available && !extras_due) return Status::ok();
   if (!dest.peer) {
-    const std::string key = PeerLinks::key_of(dest.rank.control_address(), dest.rank.incarnation());
+    const std::string key = PeerLinks::key_of(dest.rank);
     auto known = transport_peers_.find(key);
     if (known == transport_peers_.end()) {
       PDKV_ASSIGN_OR_RETURN(PeerId peer, transport_->connect(dest.rank.transport_descriptor()));

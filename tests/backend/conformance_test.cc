@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "pdkv/transport.h"
+#include "support/poll.h"
 
 extern char** environ;
 
@@ -21,23 +22,17 @@ namespace {
 
 using namespace std::chrono_literals;
 
-template <typename Pred>
-bool poll_until(Pred done, std::chrono::milliseconds limit = 20s) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= end) return false;
-    std::this_thread::sleep_for(50us);
-  }
-  return true;
-}
+using testing::poll_until;
 
 // Waits for a batch to end; its final status.
 BatchStatus wait(Transport& t, BatchId batch) {
   BatchStatus st;
-  poll_until([&] {
-    st = t.poll(batch);
-    return st.state != BatchState::kInProgress;
-  });
+  poll_until(
+      [&] {
+        st = t.poll(batch);
+        return st.state != BatchState::kInProgress;
+      },
+      20s);
   return st;
 }
 
@@ -170,11 +165,13 @@ TEST_P(Conformance, NotificationArrivesAfterTheBytes) {
       peer_, std::vector<WriteOp>{{src_key_, 0, dst_key_, 0, 1 << 20}}, "room 7 done");
   ASSERT_TRUE(batch.is_ok()) << batch.status().to_string();
   std::vector<std::string> got;
-  ASSERT_TRUE(poll_until([&] {
-    auto more = receiver_->take_notifications();
-    got.insert(got.end(), more.begin(), more.end());
-    return !got.empty();
-  }));
+  ASSERT_TRUE(poll_until(
+      [&] {
+        auto more = receiver_->take_notifications();
+        got.insert(got.end(), more.begin(), more.end());
+        return !got.empty();
+      },
+      20s));
   EXPECT_EQ(got, std::vector<std::string>{"room 7 done"});
   EXPECT_TRUE(std::equal(src_.begin(), src_.end(), dst_.begin()));  // visible before the notice
   EXPECT_EQ(wait(*sender_, *batch).state, BatchState::kDone);

@@ -12,6 +12,7 @@
 
 #include "pdkv/bootstrap.h"
 #include "pdkv/engine.h"
+#include "support/poll.h"
 
 namespace pdkv::testing {
 
@@ -79,18 +80,6 @@ inline std::vector<uint64_t> first_pages(uint64_t n, uint64_t from = 0) {
   std::vector<uint64_t> p(n);
   for (uint64_t i = 0; i < n; ++i) p[i] = from + i;
   return p;
-}
-
-// Polls `done` until it holds or `limit` passes; the API's own poll() model,
-// not a sleep standing in for synchronisation. Returns whether it held.
-template <typename Pred>
-bool poll_until(Pred done, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= end) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return true;
 }
 
 }  // namespace pdkv::testing
