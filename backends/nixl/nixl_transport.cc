@@ -58,7 +58,12 @@ class NixlTransport final : public Transport {
     return write_and_notify(peer, ops, {});
   }
   Result<BatchId> write_and_notify(PeerId peer, std::span<const WriteOp> ops,
-                                   std::string_view notification) override;
+                                   std::string_view notification) override {
+    return submit(peer, ops, notification, Direction::kWrite);
+  }
+  Result<BatchId> read(PeerId peer, std::span<const ReadOp> ops) override {
+    return submit(peer, ops, {}, Direction::kRead);
+  }
   BatchStatus poll(BatchId batch) override;
   std::vector<std::string> take_notifications() override;
   void set_peer_failure_callback(PeerFailureCallback callback) override;
@@ -90,14 +95,18 @@ class NixlTransport final : public Transport {
     uint64_t id;
   };
 
+  enum class Direction { kWrite, kRead };
+
   NixlTransport() = default;
   Status init();
+  Result<BatchId> submit(PeerId peer, std::span<const WriteOp> ops, std::string_view notification,
+                         Direction direction);
   void progress_loop();
   void post(std::function<void()> task);
   template <typename F>
   auto run(F&& task) -> decltype(task());
   // Progress thread only:
-  void start_batch(BatchId id, std::vector<WriteOp> ops);
+  void start_batch(BatchId id, std::vector<WriteOp> ops, Direction direction);
   void finish_batch(BatchId id, ucs_status_t status);
   void peer_failed(PeerId id, const Status& reason);
   void close_endpoint(Peer& peer);
@@ -176,6 +185,7 @@ Status NixlTransport::init() {
     caps_.hip_memory = attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_ROCM);
   }
   caps_.notifications = true;
+  caps_.reads = true;  // ucp_get_nbx; the same flush completes them
 
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -362,8 +372,8 @@ Result<PeerId> NixlTransport::connect(std::string_view desc) {
   });
 }
 
-Result<BatchId> NixlTransport::write_and_notify(PeerId peer_id, std::span<const WriteOp> ops,
-                                                std::string_view notification) {
+Result<BatchId> NixlTransport::submit(PeerId peer_id, std::span<const WriteOp> ops,
+                                      std::string_view notification, Direction direction) {
   if (notification.size() > kMaxNotification) {
     return Status::invalid_argument(fmt::format("nixl notification of {} bytes exceeds {}",
                                                 notification.size(), kMaxNotification));
@@ -374,44 +384,25 @@ Result<BatchId> NixlTransport::write_and_notify(PeerId peer_id, std::span<const 
     auto peer = peers_.find(peer_id);
     if (peer == peers_.end()) return Status::not_found(fmt::format("no nixl peer {}", peer_id));
     if (!peer->second.failure.is_ok()) return peer->second.failure;
+    std::vector<uint64_t> local_lengths, remote_lengths;
+    for (const auto& r : regions_) local_lengths.push_back(r.region.length);
+    for (const auto& r : peer->second.regions) remote_lengths.push_back(r.length);
     for (size_t i = 0; i < ops.size(); ++i) {
-      const WriteOp& op = ops[i];
-      if (op.local_region >= regions_.size()) {
-        return Status::out_of_range(
-            fmt::format("write {}: local region {} is not registered ({} are)", i, op.local_region,
-                        regions_.size()));
-      }
-      const uint64_t local_len = regions_[op.local_region].region.length;
-      if (op.local_offset > local_len || op.length > local_len - op.local_offset) {
-        return Status::out_of_range(
-            fmt::format("write {}: local bytes [{}, {}) outside local region {} of {} bytes", i,
-                        op.local_offset, op.local_offset + op.length, op.local_region, local_len));
-      }
-      const auto& remote = peer->second.regions;
-      if (op.remote_region >= remote.size()) {
-        return Status::out_of_range(
-            fmt::format("write {}: remote region {} is not in the peer's descriptor ({} are)", i,
-                        op.remote_region, remote.size()));
-      }
-      const uint64_t remote_len = remote[op.remote_region].length;
-      if (op.remote_offset > remote_len || op.length > remote_len - op.remote_offset) {
-        return Status::out_of_range(fmt::format(
-            "write {}: remote bytes [{}, {}) outside remote region {} of {} bytes", i,
-            op.remote_offset, op.remote_offset + op.length, op.remote_region, remote_len));
-      }
+      PDKV_RETURN_IF_ERROR(check_op_bounds(direction == Direction::kWrite ? "write" : "read", i,
+                                           ops[i], local_lengths, remote_lengths));
     }
     id = next_batch_++;
     batches_[id] = Batch{peer_id, {}, std::string(notification)};
     peer->second.batches.insert(id);
     ++in_flight_;
   }
-  post([this, id, copy = std::vector<WriteOp>(ops.begin(), ops.end())]() mutable {
-    start_batch(id, std::move(copy));
+  post([this, id, direction, copy = std::vector<WriteOp>(ops.begin(), ops.end())]() mutable {
+    start_batch(id, std::move(copy), direction);
   });
   return id;
 }
 
-void NixlTransport::start_batch(BatchId id, std::vector<WriteOp> ops) {
+void NixlTransport::start_batch(BatchId id, std::vector<WriteOp> ops, Direction direction) {
   ucs_status_t immediate;
   {
     std::lock_guard lock(mu_);
@@ -422,16 +413,21 @@ void NixlTransport::start_batch(BatchId id, std::vector<WriteOp> ops) {
     for (const WriteOp& op : ops) {
       const LocalRegion& local = regions_[op.local_region];
       const RemoteRegion& remote = peer.regions[op.remote_region];
+      void* buffer = static_cast<char*>(local.region.base) + op.local_offset;
+      const uint64_t address = remote.base + op.remote_offset;
       ucs_status_ptr_t req =
-          ucp_put_nbx(peer.ep, static_cast<char*>(local.region.base) + op.local_offset, op.length,
-                      remote.base + op.remote_offset, remote.rkey, &none);
+          direction == Direction::kWrite
+              ? ucp_put_nbx(peer.ep, buffer, op.length, address, remote.rkey, &none)
+              : ucp_get_nbx(peer.ep, buffer, op.length, address, remote.rkey, &none);
       if (UCS_PTR_IS_ERR(req)) {
-        batch.status = {BatchState::kFailed, ucx_error("ucp_put_nbx", UCS_PTR_STATUS(req))};
+        batch.status = {BatchState::kFailed,
+                        ucx_error(direction == Direction::kWrite ? "ucp_put_nbx" : "ucp_get_nbx",
+                                  UCS_PTR_STATUS(req))};
         peer.batches.erase(id);
         --in_flight_;
         return;
       }
-      // The flush below covers every put's completion: no callback per put.
+      // The flush below covers every put's (and get's) completion: no callback per op.
       if (req != nullptr) ucp_request_free(req);
     }
     auto arg = std::make_unique<CallbackArg>(CallbackArg{this, id});

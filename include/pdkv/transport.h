@@ -50,6 +50,16 @@ struct WriteOp {
   uint64_t length = 0;
 };
 
+// A one-sided read has the same fields; its bytes flow remote -> local.
+using ReadOp = WriteOp;
+
+// The check every backend makes before a byte moves: op `index` of a batch,
+// against the lengths of the local regions and of the peer's regions. Names
+// the op, the bytes and the region (kOutOfRange); `verb` is "write" or "read".
+Status check_op_bounds(std::string_view verb, size_t index, const WriteOp& op,
+                       std::span<const uint64_t> local_lengths,
+                       std::span<const uint64_t> remote_lengths);
+
 enum class BatchState : uint8_t {
   kInProgress,
   kDone,    // every byte of the batch is visible at the peer
@@ -91,6 +101,12 @@ class Transport {
   // Posts the writes; an op outside a registered region (either side) is
   // refused here with an error, before any byte moves.
   virtual Result<BatchId> write(PeerId peer, std::span<const WriteOp> ops) = 0;
+  // Posts one-sided reads (bytes flow from the peer's region into the local
+  // one), checked as write() checks. Only with capabilities().reads.
+  virtual Result<BatchId> read(PeerId peer, std::span<const ReadOp> ops) {
+    (void)peer, (void)ops;
+    return Status::failed_precondition(std::string(name()) + " has no one-sided reads");
+  }
   // kDone and kFailed end the batch: a later poll of the same id is not_found.
   virtual BatchStatus poll(BatchId batch) = 0;
 
@@ -110,6 +126,11 @@ class Transport {
   // message), visible to the calling thread before it reads them. A NIC's
   // completion already orders them for the CPU, so most backends do nothing.
   virtual void acquire_remote_writes() {}
+  // The other direction: orders the calling thread's earlier accesses to
+  // registered memory before what peers do to it (write into it, read from
+  // it) once told so through another channel. Call before telling a peer
+  // where it may write. As above, most backends do nothing.
+  virtual void release_to_peers() {}
 
   // Called once per peer that fails, whether the backend detected it or the
   // protocol layer reported it through fail_peer.

@@ -6,6 +6,9 @@ namespace pdkv::cli {
 
 void add_shape_flags(CLI::App& cmd, worker::Shape& s) {
   cmd.add_option("--backend", s.backend, "Transport backend")->capture_default_str();
+  cmd.add_option("--backend-opt", s.backend_options,
+                 "A backend option KEY=VALUE (repeatable; see docs/backends.md)");
+  cmd.add_option("--rails", s.rails, "mooncake: TCP connections per peer (backend option rails)");
   cmd.add_option("--prefill-tp", s.prefill_tp, "Prefill tensor-parallel size")
       ->capture_default_str();
   cmd.add_option("--decode-tp", s.decode_tp, "Decode tensor-parallel size")->capture_default_str();
@@ -47,6 +50,14 @@ std::vector<std::string> shape_arguments(const worker::Shape& s) {
                                 "--window",      std::to_string(s.window),
                                 "--aux-bytes",   std::to_string(s.aux_bytes)};
   if (s.mla) a.push_back("--mla");
+  for (const auto& option : s.backend_options) {
+    a.push_back("--backend-opt");
+    a.push_back(option);
+  }
+  if (s.rails > 0) {
+    a.push_back("--rails");
+    a.push_back(std::to_string(s.rails));
+  }
   return a;
 }
 

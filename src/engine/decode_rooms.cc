@@ -153,6 +153,9 @@ void EngineCore::progress_decode(DecodeRoom& room) {
 Action EngineCore::info_action(RoomId id, const proto::RankInfo& source,
                                const proto::TransferInfo& info) {
   return [this, id, source, info] {
+    // The pages and slots named in `info` may have been read (verified,
+    // scattered) by this process: that comes before the peer writes them.
+    transport_->release_to_peers();
     auto link = link_to(source);
     proto::ControlReply reply;
     const grpc::Status s = link->call(kControlCallTimeout, [&](grpc::ClientContext& ctx) {

@@ -71,7 +71,29 @@ Status Shape::validate() const {
     return Status::invalid_argument(fmt::format("no transport backend named '{}' (built: {})",
                                                 backend, fmt::join(backends, ", ")));
   }
+  PDKV_ASSIGN_OR_RETURN(TransportOptions options, transport_options());
+  if (!options.empty()) {
+    // The backend alone knows its options: let it judge them now, not in
+    // every worker after start-up.
+    auto probe = create_transport(backend, options);
+    if (!probe.is_ok() && probe.status().code() == StatusCode::kInvalidArgument) {
+      return probe.status();
+    }
+  }
   return Status::ok();
+}
+
+Result<TransportOptions> Shape::transport_options() const {
+  TransportOptions options;
+  for (const std::string& kv : backend_options) {
+    const size_t eq = kv.find('=');
+    if (eq == 0 || eq == std::string::npos) {
+      return Status::invalid_argument(fmt::format("--backend-opt '{}' is not KEY=VALUE", kv));
+    }
+    options[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  if (rails > 0) options["rails"] = std::to_string(rails);
+  return options;
 }
 
 KvSpec Shape::kv_spec() const {
@@ -115,6 +137,7 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
   cfg.aux_bytes = shape.aux_bytes;
   cfg.aux_slots = shape.aux_bytes > 0 ? shape.window : 0;
   cfg.backend = shape.backend;
+  PDKV_ASSIGN_OR_RETURN(cfg.transport_options, shape.transport_options());
   cfg.bootstrap_address = args.bootstrap;
   cfg.staging = shape.staging == "on"    ? Staging::kOn
                 : shape.staging == "off" ? Staging::kOff

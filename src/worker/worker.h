@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "pdkv/engine.h"
 #include "pdkv/status.h"
@@ -19,6 +20,8 @@ namespace pdkv::worker {
 // The model and the workload; identical for every process of one run.
 struct Shape {
   std::string backend = "nixl";
+  std::vector<std::string> backend_options;  // KEY=VALUE, passed to the transport
+  uint32_t rails = 0;                        // --rails: backend option rails=K when > 0
   uint32_t kv_heads = 8;  // 1 with mla
   uint32_t head_dim = 128;
   uint32_t layers = 4;
@@ -39,6 +42,8 @@ struct Shape {
   // Ok, or the flag and value that cannot work.
   Status validate() const;
   KvSpec kv_spec() const;
+  // --backend-opt and --rails as the transport's options.
+  Result<TransportOptions> transport_options() const;
 };
 
 struct WorkerArgs {

@@ -1,10 +1,6 @@
 // The backend conformance suite: what every transport backend must do,
 // parameterised by backend name. Each test checks bytes, not just statuses.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -13,9 +9,9 @@
 #include <thread>
 
 #include "pdkv/transport.h"
+#include "support/child_process.h"
 #include "support/poll.h"
-
-extern char** environ;
+#include "support/transport_pair.h"
 
 namespace pdkv {
 namespace {
@@ -24,17 +20,7 @@ using namespace std::chrono_literals;
 
 using testing::poll_until;
 
-// Waits for a batch to end; its final status.
-BatchStatus wait(Transport& t, BatchId batch) {
-  BatchStatus st;
-  poll_until(
-      [&] {
-        st = t.poll(batch);
-        return st.state != BatchState::kInProgress;
-      },
-      20s);
-  return st;
-}
+BatchStatus wait(Transport& t, BatchId batch) { return testing::wait_batch(t, batch); }
 
 // A backend name and its options; printed as `label` so that CTest lists
 // ".../nixl" or ".../nixl_peer".
@@ -45,7 +31,7 @@ struct Backend {
 };
 void PrintTo(const Backend& b, std::ostream* os) { *os << (b.label.empty() ? b.name : b.label); }
 
-class Conformance : public ::testing::TestWithParam<Backend> {
+class Conformance : public ::testing::TestWithParam<Backend>, protected testing::TransportPair {
  protected:
   void SetUp() override {
     auto a = create_transport(GetParam().name, GetParam().options);
@@ -55,22 +41,6 @@ class Conformance : public ::testing::TestWithParam<Backend> {
     sender_ = std::move(a).value();
     receiver_ = std::move(b).value();
   }
-  // Registers `bytes` on each side (source filled with a pattern, destination
-  // with 0xEE) and connects sender -> receiver.
-  void connect(size_t bytes) {
-    src_.resize(bytes);
-    for (size_t i = 0; i < bytes; ++i) src_[i] = static_cast<uint8_t>(i * 131 + (i >> 13));
-    dst_.assign(bytes, 0xEE);
-    src_key_ = sender_->register_region({src_.data(), src_.size()}).value();
-    dst_key_ = receiver_->register_region({dst_.data(), dst_.size()}).value();
-    auto peer = sender_->connect(receiver_->descriptor());
-    ASSERT_TRUE(peer.is_ok()) << peer.status().to_string();
-    peer_ = *peer;
-  }
-  std::unique_ptr<Transport> sender_, receiver_;
-  std::vector<uint8_t> src_, dst_;
-  RegionKey src_key_ = 0, dst_key_ = 0;
-  PeerId peer_ = 0;
 };
 
 TEST_P(Conformance, WritesFromOneByteTo64MiB) {
@@ -80,13 +50,14 @@ TEST_P(Conformance, WritesFromOneByteTo64MiB) {
        {size_t{1}, size_t{7}, size_t{4096}, size_t{(1 << 20) + 3}, size_t{48 << 20}}) {
     // Odd offsets on both sides, distinct per size.
     const size_t src_off = offset + 3, dst_off = (offset * 7 + 5) % ((64 << 20) - size);
-    std::fill(dst_.begin(), dst_.end(), 0xEE);
+    reset_destination();
     const std::vector<WriteOp> ops = {{src_key_, src_off, dst_key_, dst_off, size}};
     auto batch = sender_->write(peer_, ops);
     ASSERT_TRUE(batch.is_ok()) << batch.status().to_string();
     const BatchStatus st = wait(*sender_, *batch);
     ASSERT_EQ(st.state, BatchState::kDone) << st.error.to_string();
-    ASSERT_EQ(std::memcmp(dst_.data() + dst_off, src_.data() + src_off, size), 0) << size << " B";
+    ASSERT_EQ(std::memcmp(received().data() + dst_off, src_.data() + src_off, size), 0)
+        << size << " B";
     if (dst_off > 0) {
       EXPECT_EQ(dst_[dst_off - 1], 0xEE);
     }
@@ -115,7 +86,7 @@ TEST_P(Conformance, TenThousandTinyFragments) {
   for (const WriteOp& op : ops) {
     std::memcpy(expected.data() + op.remote_offset, src_.data() + op.local_offset, op.length);
   }
-  EXPECT_TRUE(expected == dst_);
+  EXPECT_TRUE(expected == received());
 }
 
 TEST_P(Conformance, ManyBatchesInFlight) {
@@ -126,6 +97,7 @@ TEST_P(Conformance, ManyBatchesInFlight) {
     batches.push_back(sender_->write(peer_, ops).value());
   }
   for (BatchId b : batches) ASSERT_EQ(wait(*sender_, b).state, BatchState::kDone);
+  received();
   for (size_t i = 0; i < 128; ++i) {
     ASSERT_EQ(std::memcmp(dst_.data() + (127 - i) * 65536, src_.data() + i * 65536, 65536), 0) << i;
   }
@@ -149,12 +121,41 @@ TEST_P(Conformance, WriteOutsideARegionIsRefusedNotACrash) {
   EXPECT_EQ(sender_->write(peer_, std::vector<WriteOp>{{src_key_, 0, 9, 0, 1}}).status().code(),
             StatusCode::kOutOfRange);
   EXPECT_EQ(sender_->connect("garbage").status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(dst_[4000], 0xEE);
+  EXPECT_EQ(received()[4000], 0xEE);
   // The transport still works afterwards.
   auto ok = sender_->write(peer_, std::vector<WriteOp>{{src_key_, 10, dst_key_, 20, 5}});
   ASSERT_TRUE(ok.is_ok());
   EXPECT_EQ(wait(*sender_, *ok).state, BatchState::kDone);
-  EXPECT_EQ(std::memcmp(dst_.data() + 20, src_.data() + 10, 5), 0);
+  EXPECT_EQ(std::memcmp(received().data() + 20, src_.data() + 10, 5), 0);
+}
+
+// One-sided reads, for backends that declare them: the peer's bytes land in
+// the local region, byte for byte, at odd offsets, in sizes across slices.
+TEST_P(Conformance, ReadsBytesBackByteForByte) {
+  if (!sender_->capabilities().reads) {
+    EXPECT_EQ(sender_->read(0, {}).status().code(), StatusCode::kFailedPrecondition);
+    GTEST_SKIP() << GetParam().name << " declares no reads";
+  }
+  connect(8 << 20);
+  // The receiver's region is the source of a read: give it its own pattern.
+  for (size_t i = 0; i < dst_.size(); ++i) dst_[i] = static_cast<uint8_t>(i * 29 + 1);
+  receiver_->release_to_peers();
+  std::vector<uint8_t> expected = src_;
+  std::vector<ReadOp> ops;
+  for (uint64_t size : {uint64_t{1}, uint64_t{4099}, uint64_t{(3 << 20) + 5}}) {
+    const uint64_t local = ops.empty() ? 3 : ops.back().local_offset + ops.back().length + 11;
+    const uint64_t remote = (local * 5 + 1) % ((8 << 20) - size);
+    ops.push_back({src_key_, local, dst_key_, remote, size});
+    std::memcpy(expected.data() + local, dst_.data() + remote, size);
+  }
+  auto batch = sender_->read(peer_, ops);
+  ASSERT_TRUE(batch.is_ok()) << batch.status().to_string();
+  ASSERT_EQ(wait(*sender_, *batch).state, BatchState::kDone);
+  EXPECT_TRUE(expected == src_);
+  EXPECT_EQ(sender_->read(peer_, std::vector<ReadOp>{{src_key_, 0, dst_key_, (8 << 20) - 1, 2}})
+                .status()
+                .code(),
+            StatusCode::kOutOfRange);
 }
 
 TEST_P(Conformance, NotificationArrivesAfterTheBytes) {
@@ -173,7 +174,8 @@ TEST_P(Conformance, NotificationArrivesAfterTheBytes) {
       },
       20s));
   EXPECT_EQ(got, std::vector<std::string>{"room 7 done"});
-  EXPECT_TRUE(std::equal(src_.begin(), src_.end(), dst_.begin()));  // visible before the notice
+  EXPECT_TRUE(
+      std::equal(src_.begin(), src_.end(), received().begin()));  // visible before the notice
   EXPECT_EQ(wait(*sender_, *batch).state, BatchState::kDone);
 }
 
@@ -182,30 +184,10 @@ TEST_P(Conformance, NotificationArrivesAfterTheBytes) {
 // come from the transport or from the liveness signal passed down here
 // (fail_peer when the process is seen gone), as the protocol layer does.
 TEST_P(Conformance, PeerKilledMidBatch) {
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, out[0]);
-  const std::string backend = GetParam().name, bytes = std::to_string(64 << 20);
-  std::string option;
-  for (const auto& [k, v] : GetParam().options) option = k + "=" + v;
-  std::vector<char*> argv = {const_cast<char*>(PDKV_BACKEND_PEER),
-                             const_cast<char*>(backend.c_str()), const_cast<char*>(bytes.c_str())};
-  if (!option.empty()) argv.push_back(option.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  ASSERT_EQ(posix_spawn(&pid, PDKV_BACKEND_PEER, &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  close(out[1]);
-  FILE* child = fdopen(out[0], "r");
-  std::string hex;
-  for (int c; (c = fgetc(child)) != EOF && c != '\n';) hex.push_back(static_cast<char>(c));
-  fclose(child);
-  std::string desc;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2)
-    desc.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  std::vector<std::string> argv = {PDKV_BACKEND_PEER, GetParam().name, std::to_string(64 << 20)};
+  for (const auto& [k, v] : GetParam().options) argv.push_back(k + "=" + v);
+  testing::ChildProcess child(argv);
+  const std::string desc = testing::from_hex(child.read_line());
   ASSERT_FALSE(desc.empty()) << "the peer process printed no descriptor";
 
   src_.assign(64 << 20, 1);
@@ -218,9 +200,8 @@ TEST_P(Conformance, PeerKilledMidBatch) {
     batches.push_back(
         sender_->write(peer, std::vector<WriteOp>{{src_key_, 0, 0, 0, 64 << 20}}).value());
   }
-  kill(pid, SIGKILL);
   const auto killed = std::chrono::steady_clock::now();
-  waitpid(pid, nullptr, 0);  // the liveness signal: the process is gone
+  child.kill_now();  // SIGKILL, then reaped: the liveness signal, the process is gone
   sender_->fail_peer(peer, Status::unavailable("peer process exited"));
   ASSERT_TRUE(poll_until(
       [&] {

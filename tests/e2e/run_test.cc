@@ -25,12 +25,13 @@ using namespace std::chrono_literals;
 
 struct Case {
   std::string name;
-  std::string backend = "nixl";
   uint32_t heads = 8, prefill_tp = 1, decode_tp = 1;
   bool mla = false;
   std::string layout = "nhd";
   uint32_t chunks = 1;
   std::string staging = "auto";
+  std::string backend = "nixl";
+  std::string backend_flags = "";  // e.g. "--backend-opt same_host=off --rails 3"
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -42,9 +43,9 @@ class RunMatrix : public ::testing::TestWithParam<Case> {};
 TEST_P(RunMatrix, EveryRequestVerified) {
   const Case& c = GetParam();
   const std::string cmd =
-      std::string(PDKV_BIN) + " run --json --backend " + c.backend + " --kv-heads " +
-      std::to_string(c.heads) + " --prefill-tp " + std::to_string(c.prefill_tp) + " --decode-tp " +
-      std::to_string(c.decode_tp) + " --layout " + c.layout + " --chunks " +
+      std::string(PDKV_BIN) + " run --json --backend " + c.backend + " " + c.backend_flags +
+      " --kv-heads " + std::to_string(c.heads) + " --prefill-tp " + std::to_string(c.prefill_tp) +
+      " --decode-tp " + std::to_string(c.decode_tp) + " --layout " + c.layout + " --chunks " +
       std::to_string(c.chunks) + " --staging " + c.staging + (c.mla ? " --mla" : "") +
       " --requests " + std::to_string(kRequests) + " --tokens " + std::to_string(kTokens) +
       " --page-size " + std::to_string(kPageSize) + " --head-dim " + std::to_string(kHeadDim) +
@@ -72,21 +73,37 @@ TEST_P(RunMatrix, EveryRequestVerified) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Nixl, RunMatrix,
-    ::testing::Values(Case{"h8_tp4_to_2", "nixl", 8, 4, 2}, Case{"h8_tp2_to_4", "nixl", 8, 2, 4},
-                      Case{"h2_tp1_to_4_gqa", "nixl", 2, 1, 4},
-                      Case{"h8_tp2_to_2_equal", "nixl", 8, 2, 2},
-                      Case{"mla_tp4_to_2", "nixl", 1, 4, 2, true},
-                      Case{"mla_tp2_to_4", "nixl", 1, 2, 4, true},
-                      Case{"hnd_h8_tp2_to_4", "nixl", 8, 2, 4, false, "hnd"},
-                      Case{"hnd_h2_tp1_to_4", "nixl", 2, 1, 4, false, "hnd"},
-                      Case{"chunked_h8_tp4_to_2", "nixl", 8, 4, 2, false, "nhd", 3},
-                      Case{"staging_off_h8_tp2_to_4", "nixl", 8, 2, 4, false, "nhd", 1, "off"},
-                      Case{"staging_on_h8_tp4_to_2", "nixl", 8, 4, 2, false, "nhd", 1, "on"},
-                      Case{"staging_on_h2_tp1_to_4", "nixl", 2, 1, 4, false, "nhd", 1, "on"},
-                      Case{"staging_on_mla_tp2_to_4", "nixl", 1, 2, 4, true, "nhd", 1, "on"},
-                      Case{"staging_on_chunked_hnd", "nixl", 8, 2, 4, false, "hnd", 3, "on"}));
+// The matrix every backend runs.
+std::vector<Case> matrix(const std::string& backend, const std::string& backend_flags = "") {
+  std::vector<Case> cases = {Case{"h8_tp4_to_2", 8, 4, 2},
+                             Case{"h8_tp2_to_4", 8, 2, 4},
+                             Case{"h2_tp1_to_4_gqa", 2, 1, 4},
+                             Case{"h8_tp2_to_2_equal", 8, 2, 2},
+                             Case{"mla_tp4_to_2", 1, 4, 2, true},
+                             Case{"mla_tp2_to_4", 1, 2, 4, true},
+                             Case{"hnd_h8_tp2_to_4", 8, 2, 4, false, "hnd"},
+                             Case{"hnd_h2_tp1_to_4", 2, 1, 4, false, "hnd"},
+                             Case{"chunked_h8_tp4_to_2", 8, 4, 2, false, "nhd", 3},
+                             Case{"staging_off_h8_tp2_to_4", 8, 2, 4, false, "nhd", 1, "off"},
+                             Case{"staging_on_h8_tp4_to_2", 8, 4, 2, false, "nhd", 1, "on"},
+                             Case{"staging_on_h2_tp1_to_4", 2, 1, 4, false, "nhd", 1, "on"},
+                             Case{"staging_on_mla_tp2_to_4", 1, 2, 4, true, "nhd", 1, "on"},
+                             Case{"staging_on_chunked_hnd", 8, 2, 4, false, "hnd", 3, "on"}};
+  for (Case& c : cases) {
+    c.backend = backend;
+    c.backend_flags = backend_flags;
+  }
+  return cases;
+}
+
+#ifdef PDKV_E2E_NIXL
+INSTANTIATE_TEST_SUITE_P(Nixl, RunMatrix, ::testing::ValuesIn(matrix("nixl")));
+#endif
+// Same host: process_vm_writev. TCP: three rails striped over loopback.
+INSTANTIATE_TEST_SUITE_P(Mooncake, RunMatrix, ::testing::ValuesIn(matrix("mooncake")));
+INSTANTIATE_TEST_SUITE_P(MooncakeTcp, RunMatrix,
+                         ::testing::ValuesIn(matrix("mooncake",
+                                                    "--backend-opt same_host=off --rails 3")));
 
 TEST(Run, RefusesBadInputWithExitTwo) {
   auto r = testing::run_command(std::string(PDKV_BIN) + " run --kv-heads 8 --prefill-tp 3");
@@ -116,7 +133,9 @@ std::vector<pid_t> children_of(pid_t parent, const std::string& needle) {
   return out;
 }
 
-TEST(Run, KilledWorkerFailsTheRunNamingTheRank) {
+class KilledWorker : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(KilledWorker, FailsTheRunNamingTheRank) {
   int err[2];
   ASSERT_EQ(pipe2(err, O_CLOEXEC), 0);
   posix_spawn_file_actions_t actions;
@@ -124,8 +143,9 @@ TEST(Run, KilledWorkerFailsTheRunNamingTheRank) {
   posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   std::vector<std::string> args = {
-      PDKV_BIN,   "run", "--prefill-tp", "2",  "--decode-tp", "2", "--requests", "100000",
-      "--tokens", "64",  "--head-dim",   "16", "--layers",    "2", "--timeout",  "120"};
+      PDKV_BIN,      "run", "--backend",  GetParam(), "--prefill-tp", "2",
+      "--decode-tp", "2",   "--requests", "100000",   "--tokens",     "64",
+      "--head-dim",  "16",  "--layers",   "2",        "--timeout",    "120"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -166,6 +186,11 @@ TEST(Run, KilledWorkerFailsTheRunNamingTheRank) {
             std::string::npos)
       << log;
 }
+
+#ifdef PDKV_E2E_NIXL
+INSTANTIATE_TEST_SUITE_P(Nixl, KilledWorker, ::testing::Values("nixl"));
+#endif
+INSTANTIATE_TEST_SUITE_P(Mooncake, KilledWorker, ::testing::Values("mooncake"));
 
 }  // namespace
 }  // namespace pdkv

@@ -1,19 +1,12 @@
 // A peer engine in another process, killed with SIGKILL mid-room: the
 // survivor's room fails within 2 s, with a reason naming the peer, through
 // the control connection (no request timeout is involved: they are 2 min).
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <numeric>
 
+#include "support/child_process.h"
 #include "support/cluster.h"
-
-extern char** environ;
 
 namespace pdkv {
 namespace {
@@ -26,42 +19,14 @@ using testing::poll_until;
 // A pdkv_test_peer process; killed (if still alive) when this goes away.
 class PeerProcess {
  public:
-  PeerProcess(const std::string& role, const std::string& bootstrap, RoomId room) {
-    int out[2];
-    if (pipe(out) != 0) return;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, out[0]);
-    const std::string room_text = std::to_string(room);
-    std::vector<char*> argv = {const_cast<char*>(PDKV_TEST_PEER), const_cast<char*>(role.c_str()),
-                               const_cast<char*>(bootstrap.c_str()),
-                               const_cast<char*>(room_text.c_str()), nullptr};
-    if (posix_spawn(&pid_, PDKV_TEST_PEER, &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-    close(out[1]);
-    stdout_ = fdopen(out[0], "r");
-  }
-  ~PeerProcess() {
-    kill_now();
-    if (stdout_) fclose(stdout_);
-  }
+  PeerProcess(const std::string& role, const std::string& bootstrap, RoomId room)
+      : child_({PDKV_TEST_PEER, role, bootstrap, std::to_string(room)}) {}
   // Blocks until the peer printed "ready" (or exited).
-  bool ready() {
-    char line[64] = {};
-    return pid_ > 0 && stdout_ && fgets(line, sizeof line, stdout_) &&
-           std::string(line) == "ready\n";
-  }
-  void kill_now() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
+  bool ready() { return child_.pid() > 0 && child_.read_line() == "ready"; }
+  void kill_now() { child_.kill_now(); }
 
  private:
-  pid_t pid_ = -1;
-  FILE* stdout_ = nullptr;
+  testing::ChildProcess child_;
 };
 
 ClusterSpec one_side(bool with_prefill) {

@@ -120,6 +120,7 @@ class LoopbackTransport final : public Transport {
 
   // Copies happen under g_mu: taking it orders every completed copy first.
   void acquire_remote_writes() override { std::lock_guard lock(g_mu); }
+  void release_to_peers() override { std::lock_guard lock(g_mu); }
 
   void set_peer_failure_callback(PeerFailureCallback callback) override {
     std::lock_guard lock(mu_);

@@ -1,0 +1,259 @@
+// Internals of the mooncake transfer engine, shared by its .cc files.
+//
+// Threads: API calls run on the caller's thread and touch only what mu_
+// guards (batches, segments' failure state) or post work to an event loop.
+// Each open segment (Peer) lives on one loop, with all its rails; inbound
+// connections are spread over the loops. Rails, peers' queues and inbound
+// connections are touched only on their loop's thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <vector>
+
+#include "event_loop.h"
+#include "frame_io.h"
+#include "transfer_engine.h"
+
+namespace pdkv::backends::mooncake {
+
+using Clock = std::chrono::steady_clock;
+
+// One piece of a request, sent (and acknowledged) as a whole on one rail.
+struct Slice {
+  BatchId batch = 0;
+  uint32_t request = 0;
+  Opcode opcode = Opcode::kWrite;
+  char* local = nullptr;
+  uint64_t remote = 0;  // target address
+  uint64_t length = 0;
+  uint32_t attempts = 0;  // rails tried so far
+  uint64_t seq = 0;       // on its current rail
+  std::string message;    // kNotify's payload
+};
+using SlicePtr = std::unique_ptr<Slice>;
+using Slices = std::vector<SlicePtr>;
+
+class Peer;
+struct LoopContext;
+
+// One outbound connection to a peer, reused across reconnects.
+class Rail final : public EventLoop::Handler {
+ public:
+  enum class State { kDown, kConnecting, kOpen };
+  Rail(Peer& peer, size_t index, SocketAddress remote, std::optional<SocketAddress> local);
+  ~Rail() override;
+
+  State state() const { return state_; }
+  uint64_t queued_bytes() const { return queued_bytes_; }
+  const std::string& label() const { return label_; }
+  const Status& last_failure() const { return last_failure_; }
+  // Whether the last failure was setting up the connection (or a refusal).
+  bool failed_connecting() const { return failed_connecting_; }
+
+  void connect();  // kDown -> kConnecting (or kDown with last_failure set)
+  void enqueue(SlicePtr slice);
+  // Takes the rail down and hands back every slice not acknowledged.
+  Slices shut(const Status& reason, bool connecting);
+  // Loop tick: fails the rail if it owes progress and made none. Returns
+  // whether it has work with a deadline.
+  bool check_progress(Clock::time_point now);
+  void on_events(uint32_t events) override;
+
+ private:
+  void on_connected();
+  void flush();
+  void update_interest();
+  void fail(const Status& reason, bool connecting);  // shut + hand slices to the peer
+  Status on_header(const wire::FrameHeader& h, PayloadSink& sink);
+  Status on_frame(const wire::FrameHeader& h, std::string& kept);
+  Status complete_writes_before(uint64_t seq);
+
+  Peer& peer_;
+  std::string label_;
+  SocketAddress remote_;
+  std::optional<SocketAddress> local_;
+  State state_ = State::kDown;
+  int fd_ = -1;
+  uint64_t next_seq_ = 1;
+  std::deque<SlicePtr> unacked_;  // queued or sent, in seq order
+  uint64_t queued_bytes_ = 0;
+  FrameReader reader_;
+  FrameWriter writer_;
+  Slices done_;  // completed during one pump, reported together
+  Clock::time_point last_progress_;
+  Status last_failure_;
+  bool failed_connecting_ = false;
+};
+
+// An open segment: where its requests go and how.
+class Peer {
+ public:
+  Peer(TransferEngine::Impl& core, SegmentHandle handle, SegmentDescriptor desc, LoopContext& loop);
+  ~Peer();
+
+  TransferEngine::Impl& core() { return core_; }
+  LoopContext& loop() { return loop_; }
+  SegmentHandle handle() const { return handle_; }
+  const SegmentDescriptor& descriptor() const { return desc_; }
+
+  // Loop thread only, from here on.
+  void start(bool same_host, int pidfd);
+  void dispatch(Slices slices);
+  void post_dispatch(SlicePtr slice);  // any thread
+  void rail_failed(Rail& rail, Slices slices);
+  // The peer is gone: everything fails, once. `noticed_here` as for
+  // Impl::segment_failed.
+  void fail(const Status& reason, bool noticed_here = true);
+  bool tick(Clock::time_point now);
+
+ private:
+  class ExitWatch;
+  Rail* pick_rail();
+  bool unreachable() const;
+  std::string rails_report() const;
+  void drain_same_host();
+  void fall_back_to_tcp(const std::string& why);
+
+  TransferEngine::Impl& core_;
+  const SegmentHandle handle_;
+  const SegmentDescriptor desc_;
+  LoopContext& loop_;
+  std::vector<std::unique_ptr<Rail>> rails_;
+  std::optional<Clock::time_point> last_reconnect_;
+  bool same_host_ = false;
+  std::deque<SlicePtr> same_host_queue_;
+  bool draining_ = false;
+  int pidfd_ = -1;
+  std::unique_ptr<ExitWatch> exit_watch_;
+  Status failure_;
+};
+
+class Inbound;
+
+// One event loop and what lives on it.
+struct LoopContext {
+  EventLoop loop;
+  std::vector<Peer*> peers;
+  std::map<Inbound*, std::unique_ptr<Inbound>> inbound;
+};
+
+class Listener final : public EventLoop::Handler {
+ public:
+  Listener(TransferEngine::Impl& core, int fd) : core_(core), fd_(fd) {}
+  ~Listener() override;
+  int fd() const { return fd_; }
+  void on_events(uint32_t events) override;
+
+ private:
+  TransferEngine::Impl& core_;
+  int fd_;
+};
+
+// A connection a peer opened to this segment.
+class Inbound final : public EventLoop::Handler {
+ public:
+  Inbound(TransferEngine::Impl& core, LoopContext& loop, int fd, std::string from);
+  ~Inbound() override;
+  void on_events(uint32_t events) override;
+  // Loop tick: refuses a connection that has not said HELLO in time.
+  bool check_handshake(Clock::time_point now);
+
+ private:
+  Status on_header(const wire::FrameHeader& h, PayloadSink& sink);
+  Status on_frame(const wire::FrameHeader& h, std::string& kept);
+  void refuse(const Status& reason);
+  void close();
+
+  TransferEngine::Impl& core_;
+  LoopContext& loop_;
+  int fd_;
+  const std::string from_;  // the peer's address, for logs
+  std::string peer_name_;   // its segment name, once it said HELLO
+  bool authenticated_ = false;
+  const Clock::time_point accepted_ = Clock::now();
+  uint64_t last_applied_ = 0;
+  bool ack_due_ = false;
+  FrameReader reader_;
+  FrameWriter writer_;
+};
+
+struct TransferEngine::Impl {
+  struct Request {
+    TransferState state = TransferState::kWaiting;
+    uint64_t slices_left = 0;
+    uint64_t transferred = 0;
+    Status error;
+  };
+  // A batch keeps counts, so that its status costs O(1) however many
+  // requests it holds; every state change goes through advance().
+  struct Batch {
+    size_t capacity = 0;
+    std::vector<Request> requests;
+    size_t started = 0;    // requests no longer waiting
+    size_t completed = 0;  // requests completed
+    uint64_t transferred = 0;
+    std::optional<size_t> first_failure;  // the first request that failed or timed out
+    // Moves request `index` on (never back, never out of an end state).
+    // Returns whether it moved.
+    bool advance(size_t index, TransferState to, Status error = {});
+    Clock::time_point deadline = Clock::time_point::max();
+    // The notification, held until every other request has completed.
+    SlicePtr notification;
+    Peer* notify_peer = nullptr;
+  };
+
+  EngineConfig config;
+  std::string secret;
+  std::string host_identity;
+  std::vector<std::string> rail_addresses;  // what this segment listens on
+  std::vector<SocketAddress> bind_addresses;
+  std::vector<std::unique_ptr<LoopContext>> loops;
+  std::vector<std::unique_ptr<Listener>> listeners;
+  std::atomic<size_t> next_loop{0};
+
+  mutable std::shared_mutex buffers_mu;
+  std::vector<SegmentDescriptor::Buffer> buffers;  // registered local memory
+
+  mutable std::mutex mu;
+  std::map<BatchId, Batch> batches;
+  std::map<SegmentHandle, std::unique_ptr<Peer>> peers;
+  std::map<SegmentHandle, Status> failed_segments;
+  std::vector<std::string> notifications;  // received, not yet taken
+  FailureCallback on_failure;
+  BatchId next_batch = 1;
+  SegmentHandle next_segment = 1;
+
+  // Orders this process's accesses to registered memory against peers'
+  // writes and reads over the rails: an inbound connection acquires it before
+  // it applies a WRITE or serves a READ, and bumps it (release) after a WRITE
+  // is in memory; acquire_inbound_writes() acquires, release_to_peers()
+  // bumps.
+  std::atomic<uint64_t> memory_order{0};
+
+  ~Impl();
+  std::string segment_name() const { return rail_addresses.front(); }
+  LoopContext& pick_loop() { return *loops[next_loop++ % loops.size()]; }
+  bool local_contains(uint64_t addr, uint64_t length) const;
+
+  // Loop threads report here.
+  void mark_pending(const Slices& slices);
+  void complete(Slices& slices);
+  // Releases a batch's held notification when its other requests are done
+  // (mu held); the caller dispatches what it returns.
+  void release_notification(Batch& batch, std::vector<std::pair<Peer*, SlicePtr>>& out);
+  void fail(const Slice& slice, TransferState state, const Status& reason);
+  void segment_failed(SegmentHandle segment, const Status& reason);
+  void deliver_notification(std::string message) {
+    std::lock_guard lock(mu);
+    notifications.push_back(std::move(message));
+  }
+};
+
+}  // namespace pdkv::backends::mooncake

@@ -1,0 +1,187 @@
+#include "segment.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+
+#include <charconv>
+#include <fstream>
+#include <sstream>
+
+#include "byte_codec.h"
+#include "wire.h"
+
+namespace pdkv::backends::mooncake {
+namespace {
+
+constexpr std::string_view kMagic = "pdkv-mooncake-1";
+constexpr uint64_t kMaxEntries = 1 << 20;
+
+}  // namespace
+
+std::string SegmentDescriptor::encode() const {
+  ByteWriter w;
+  w.bytes(kMagic);
+  w.bytes(name);
+  w.bytes(host_identity);
+  w.u64(pid);
+  w.u64(start_time);
+  w.bytes(secret);
+  w.u64(rails.size());
+  for (const auto& r : rails) w.bytes(r);
+  w.u64(buffers.size());
+  for (const auto& b : buffers) {
+    w.u64(b.base);
+    w.u64(b.length);
+  }
+  return w.take();
+}
+
+Result<SegmentDescriptor> SegmentDescriptor::decode(std::string_view blob) {
+  ByteReader r(blob);
+  SegmentDescriptor d;
+  std::string_view magic, name, host, secret;
+  uint64_t rails = 0, buffers = 0;
+  if (!r.bytes(magic) || magic != kMagic) {
+    return Status::invalid_argument(
+        fmt::format("not a mooncake segment descriptor ({} bytes): bad magic", blob.size()));
+  }
+  if (!r.bytes(name) || !r.bytes(host) || !r.u64(d.pid) || !r.u64(d.start_time) ||
+      !r.bytes(secret) || secret.size() != wire::kSecretBytes || !r.u64(rails) || rails == 0 ||
+      rails > kMaxEntries) {
+    return Status::invalid_argument("mooncake segment descriptor truncated in its header");
+  }
+  d.name = name;
+  d.host_identity = host;
+  d.secret = secret;
+  for (uint64_t i = 0; i < rails; ++i) {
+    std::string_view rail;
+    if (!r.bytes(rail))
+      return Status::invalid_argument("mooncake descriptor truncated in its rails");
+    d.rails.emplace_back(rail);
+  }
+  if (!r.u64(buffers) || buffers > kMaxEntries) {
+    return Status::invalid_argument("mooncake descriptor truncated before its buffers");
+  }
+  d.buffers.resize(buffers);
+  for (auto& b : d.buffers) {
+    if (!r.u64(b.base) || !r.u64(b.length) || b.base + b.length < b.base) {
+      return Status::invalid_argument("mooncake descriptor truncated in its buffers");
+    }
+  }
+  if (!r.done()) return Status::invalid_argument("mooncake descriptor has trailing bytes");
+  return d;
+}
+
+const SegmentDescriptor::Buffer* SegmentDescriptor::find(uint64_t addr, uint64_t length) const {
+  return find_buffer(buffers, addr, length);
+}
+
+const SegmentDescriptor::Buffer* find_buffer(std::span<const SegmentDescriptor::Buffer> buffers,
+                                             uint64_t addr, uint64_t length) {
+  // Written so that no sum can overflow.
+  for (const auto& b : buffers) {
+    if (addr >= b.base && addr - b.base <= b.length && length <= b.length - (addr - b.base)) {
+      return &b;
+    }
+  }
+  return nullptr;
+}
+
+std::string local_host_identity() {
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  struct stat ns {};
+  if (boot_id.empty() || ::stat("/proc/self/ns/pid", &ns) != 0) return {};  // unknown: never same
+  return fmt::format("{}/pidns:{}", boot_id, ns.st_ino);
+}
+
+uint64_t process_start_time(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Field 22; the command name (field 2) may hold spaces, so count after its ')'.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 22) return std::stoull(field);
+  }
+  return 0;
+}
+
+Result<std::string> random_secret() {
+  std::string secret(wire::kSecretBytes, '\0');
+  if (getrandom(secret.data(), secret.size(), 0) != static_cast<ssize_t>(secret.size())) {
+    return Status::internal("getrandom failed: no session secret");
+  }
+  return secret;
+}
+
+Result<SocketAddress> parse_address(std::string_view text, bool port_required) {
+  std::string host(text);
+  uint64_t port = 0;
+  bool has_port = false;
+  if (!host.empty() && host.front() == '[') {  // [v6]:port
+    const size_t close = host.find(']');
+    if (close == std::string::npos) {
+      return Status::invalid_argument(fmt::format("address '{}': missing ']'", text));
+    }
+    if (close + 1 < host.size()) {
+      if (host[close + 1] != ':') {
+        return Status::invalid_argument(fmt::format("address '{}': expected ':' after ']'", text));
+      }
+      has_port = true;
+      const std::string p = host.substr(close + 2);
+      auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
+      if (ec != std::errc() || ptr != p.data() + p.size() || p.empty() || port > 65535) {
+        return Status::invalid_argument(fmt::format("address '{}': bad port '{}'", text, p));
+      }
+    }
+    host = host.substr(1, close - 1);
+  } else if (const size_t colon = host.rfind(':');
+             colon != std::string::npos && host.find(':') == colon) {  // v4:port
+    has_port = true;
+    const std::string p = host.substr(colon + 1);
+    auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
+    if (ec != std::errc() || ptr != p.data() + p.size() || p.empty() || port > 65535) {
+      return Status::invalid_argument(fmt::format("address '{}': bad port '{}'", text, p));
+    }
+    host = host.substr(0, colon);
+  }
+  if (port_required && !has_port) {
+    return Status::invalid_argument(fmt::format("address '{}' has no port", text));
+  }
+  SocketAddress a;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&a.storage);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
+  if (inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    a.length = sizeof(sockaddr_in);
+  } else if (inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    a.length = sizeof(sockaddr_in6);
+  } else {
+    return Status::invalid_argument(
+        fmt::format("address '{}': '{}' is not a numeric IPv4 or IPv6 address", text, host));
+  }
+  return a;
+}
+
+std::string format_address(const SocketAddress& address) {
+  char host[INET6_ADDRSTRLEN] = {};
+  if (address.storage.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&address.storage);
+    inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+    return fmt::format("[{}]:{}", host, ntohs(v6->sin6_port));
+  }
+  const auto* v4 = reinterpret_cast<const sockaddr_in*>(&address.storage);
+  inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+  return fmt::format("{}:{}", host, ntohs(v4->sin_port));
+}
+
+}  // namespace pdkv::backends::mooncake

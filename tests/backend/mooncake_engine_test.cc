@@ -1,0 +1,158 @@
+// The transfer engine's own API (transfer_engine.h): batches, per-request
+// status, the request timeout, and descriptors that cannot be trusted.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include "segment.h"
+#include "support/poll.h"
+#include "transfer_engine.h"
+#include "wire.h"
+
+namespace pdkv::backends::mooncake {
+namespace {
+
+using namespace std::chrono_literals;
+
+EngineConfig tcp_config() {
+  EngineConfig c;
+  c.same_host = SameHost::kOff;
+  return c;
+}
+
+TEST(MooncakeEngine, RequestsOfABatchEachReportTheirStatus) {
+  std::vector<char> src(3 << 20), dst(3 << 20, 0);  // outlive the engines
+  auto initiator = TransferEngine::create(tcp_config()).value();
+  auto target = TransferEngine::create(tcp_config()).value();
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 7 + 1);
+  ASSERT_TRUE(initiator->register_local_memory(src.data(), src.size()).is_ok());
+  ASSERT_TRUE(target->register_local_memory(dst.data(), dst.size()).is_ok());
+  target->release_to_peers();
+  const SegmentHandle segment = initiator->open_segment(target->segment_descriptor()).value();
+  const auto base = reinterpret_cast<uint64_t>(dst.data());
+
+  const BatchId batch = initiator->allocate_batch_id(3).value();
+  const std::vector<TransferRequest> two = {
+      {Opcode::kWrite, src.data(), segment, base + 100, 1 << 20},
+      {Opcode::kWrite, src.data() + (1 << 20), segment, base + (2 << 20), 1000}};
+  ASSERT_TRUE(initiator->submit_transfer(batch, two).is_ok());
+  // A third fits, a fourth does not: the batch was allocated for three.
+  const std::vector<TransferRequest> one = {{Opcode::kWrite, src.data(), segment, base, 10}};
+  ASSERT_TRUE(initiator->submit_transfer(batch, one).is_ok());
+  EXPECT_EQ(initiator->submit_transfer(batch, one).code(), StatusCode::kOutOfRange);
+
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return initiator->get_batch_status(batch)->state == TransferState::kCompleted; }, 10s));
+  const uint64_t lengths[] = {1 << 20, 1000, 10};
+  for (size_t i = 0; i < 3; ++i) {
+    const TransferStatus st = initiator->get_transfer_status(batch, i).value();
+    EXPECT_EQ(st.state, TransferState::kCompleted) << i;
+    EXPECT_EQ(st.transferred_bytes, lengths[i]) << i;
+  }
+  EXPECT_EQ(initiator->get_batch_status(batch)->transferred_bytes, (1u << 20) + 1010);
+  EXPECT_EQ(initiator->get_transfer_status(batch, 3).status().code(), StatusCode::kOutOfRange);
+  target->acquire_inbound_writes();
+  EXPECT_EQ(std::memcmp(dst.data() + 100, src.data(), 1 << 20), 0);
+  EXPECT_EQ(std::memcmp(dst.data() + (2 << 20), src.data() + (1 << 20), 1000), 0);
+  ASSERT_TRUE(initiator->free_batch_id(batch).is_ok());
+  EXPECT_EQ(initiator->get_batch_status(batch).status().code(), StatusCode::kNotFound);
+}
+
+TEST(MooncakeEngine, RequestsOutsideRegisteredMemoryAreRefusedWhole) {
+  std::vector<char> src(4096), dst(4096);
+  auto initiator = TransferEngine::create(tcp_config()).value();
+  auto target = TransferEngine::create(tcp_config()).value();
+  ASSERT_TRUE(initiator->register_local_memory(src.data(), src.size()).is_ok());
+  ASSERT_TRUE(target->register_local_memory(dst.data(), dst.size()).is_ok());
+  const SegmentHandle segment = initiator->open_segment(target->segment_descriptor()).value();
+  const auto base = reinterpret_cast<uint64_t>(dst.data());
+  const BatchId batch = initiator->allocate_batch_id(2).value();
+  // The second request leaves the target's buffer by one byte: neither moves.
+  const std::vector<TransferRequest> requests = {
+      {Opcode::kWrite, src.data(), segment, base, 10},
+      {Opcode::kWrite, src.data(), segment, base + 4090, 7}};
+  const Status st = initiator->submit_transfer(batch, requests);
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(st.message().find("request 1: target bytes"), std::string::npos) << st.message();
+  EXPECT_EQ(initiator->get_batch_status(batch)->state, TransferState::kCompleted);  // empty
+  const std::vector<TransferRequest> local = {
+      {Opcode::kWrite, src.data() + 4000, segment, base, 100}};
+  EXPECT_EQ(initiator->submit_transfer(batch, local).code(), StatusCode::kOutOfRange);
+}
+
+// A target that accepts connections and never answers: requests stay
+// pending, then end as timeout at request_timeout.
+TEST(MooncakeEngine, ARequestNotCompletedInTimeEndsAsTimeout) {
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(::listen(silent, 8), 0);
+  getsockname(silent, reinterpret_cast<sockaddr*>(&addr), &len);
+  SegmentDescriptor fake;
+  fake.name = "silent";
+  fake.host_identity = "another host";
+  fake.secret = std::string(wire::kSecretBytes, 's');
+  fake.rails = {"127.0.0.1:" + std::to_string(ntohs(addr.sin_port))};
+  fake.buffers = {{0x10000, 1 << 20}};
+
+  EngineConfig config = tcp_config();
+  config.request_timeout = 300ms;
+  std::vector<char> src(4096);  // outlives the engine, which may still be sending it
+  auto initiator = TransferEngine::create(config).value();
+  ASSERT_TRUE(initiator->register_local_memory(src.data(), src.size()).is_ok());
+  const SegmentHandle segment = initiator->open_segment(fake.encode()).value();
+  const BatchId batch = initiator->allocate_batch_id(1).value();
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(initiator
+                  ->submit_transfer(batch, std::vector<TransferRequest>{{Opcode::kWrite, src.data(),
+                                                                         segment, 0x10000, 64}})
+                  .is_ok());
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return initiator->get_transfer_status(batch, 0)->state == TransferState::kPending; },
+      5s));
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return initiator->get_batch_status(batch)->state == TransferState::kTimeout; }, 5s));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+  const TransferStatus st = initiator->get_transfer_status(batch, 0).value();
+  EXPECT_EQ(st.state, TransferState::kTimeout);
+  EXPECT_NE(st.error.message().find("request_timeout_ms=300"), std::string::npos)
+      << st.error.to_string();
+  ::close(silent);
+}
+
+// Every prefix of a real descriptor, and random bytes, are refused cleanly.
+TEST(MooncakeEngine, BrokenDescriptorsAreRefusedNotCrashes) {
+  auto engine = TransferEngine::create(tcp_config()).value();
+  std::vector<char> buffer(4096);
+  ASSERT_TRUE(engine->register_local_memory(buffer.data(), buffer.size()).is_ok());
+  const std::string good = engine->segment_descriptor();
+  ASSERT_TRUE(SegmentDescriptor::decode(good).is_ok());
+  for (size_t n = 0; n < good.size(); ++n) {
+    const auto broken = SegmentDescriptor::decode(good.substr(0, n));
+    ASSERT_EQ(broken.status().code(), StatusCode::kInvalidArgument) << n;
+  }
+  EXPECT_EQ(SegmentDescriptor::decode(good + "x").status().code(), StatusCode::kInvalidArgument);
+  std::mt19937 rng(3);
+  for (int i = 0; i < 200; ++i) {
+    std::string noise(rng() % 300, '\0');
+    for (auto& c : noise) c = static_cast<char>(rng());
+    EXPECT_FALSE(engine->open_segment(noise).is_ok());
+  }
+  // A rail address that is not one.
+  SegmentDescriptor bad = SegmentDescriptor::decode(good).value();
+  bad.rails = {"not-an-address"};
+  const auto refused = engine->open_segment(bad.encode());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("not-an-address"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pdkv::backends::mooncake
