@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "byte_codec.h"
+#include "host_identity.h"
 #include "wire.h"
 
 namespace pdkv::backends::mooncake {
@@ -88,14 +89,6 @@ const SegmentDescriptor::Buffer* find_buffer(std::span<const SegmentDescriptor::
     }
   }
   return nullptr;
-}
-
-std::string local_host_identity() {
-  std::string boot_id;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
-  struct stat ns {};
-  if (boot_id.empty() || ::stat("/proc/self/ns/pid", &ns) != 0) return {};  // unknown: never same
-  return fmt::format("{}/pidns:{}", boot_id, ns.st_ino);
 }
 
 uint64_t process_start_time(pid_t pid) {

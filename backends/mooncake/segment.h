@@ -40,8 +40,6 @@ struct SegmentDescriptor {
 const SegmentDescriptor::Buffer* find_buffer(std::span<const SegmentDescriptor::Buffer> buffers,
                                              uint64_t addr, uint64_t length);
 
-// This process's host identity: the kernel's boot id and PID namespace.
-std::string local_host_identity();
 // A process's start time from /proc/PID/stat; 0 if it does not exist.
 uint64_t process_start_time(pid_t pid);
 // 32 bytes from the kernel's random source.

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "engine_impl.h"
+#include "host_identity.h"
 #include "log.h"
 
 namespace pdkv::backends::mooncake {

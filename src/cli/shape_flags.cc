@@ -9,6 +9,8 @@ void add_shape_flags(CLI::App& cmd, worker::Shape& s) {
   cmd.add_option("--backend-opt", s.backend_options,
                  "A backend option KEY=VALUE (repeatable; see docs/backends.md)");
   cmd.add_option("--rails", s.rails, "mooncake: TCP connections per peer (backend option rails)");
+  cmd.add_option("--provider", s.provider,
+                 "mori: libfabric provider, e.g. shm or 'tcp;ofi_rxm' (backend option provider)");
   cmd.add_option("--prefill-tp", s.prefill_tp, "Prefill tensor-parallel size")
       ->capture_default_str();
   cmd.add_option("--decode-tp", s.decode_tp, "Decode tensor-parallel size")->capture_default_str();
@@ -57,6 +59,10 @@ std::vector<std::string> shape_arguments(const worker::Shape& s) {
   if (s.rails > 0) {
     a.push_back("--rails");
     a.push_back(std::to_string(s.rails));
+  }
+  if (!s.provider.empty()) {
+    a.push_back("--provider");
+    a.push_back(s.provider);
   }
   return a;
 }

@@ -275,7 +275,6 @@ Status EngineCore::scatter_staged(const DecodeRoom& room, Source& source) {
   const std::span<const std::byte> slot(
       static_cast<const std::byte*>(pools_.staging.base) + *source.staging_offset,
       source.staging_bytes);
-  transport_->acquire_remote_writes();  // the report said the bytes are there
   const Status st = scatter(plan, slot, pool);
   staging_pool_.release(*source.staging_offset);
   source.staging_offset.reset();
@@ -306,6 +305,9 @@ Status EngineCore::on_room_status(const proto::RoomStatus& status) {
                     from.dp_rank(), from.tp_rank(), from.pp_rank(), describe(self_)));
   }
   if (status.success()) {
+    // The report says the source's bytes are here (staged or in place): make
+    // them visible to this thread and, through mu_, to the caller's poll().
+    transport_->acquire_remote_writes();
     if (source->second.staging_offset && room.metadata) {
       // The source's bytes are in our staging slot, visible: put them in place.
       const Status scattered = scatter_staged(room, source->second);

@@ -93,6 +93,7 @@ Result<TransportOptions> Shape::transport_options() const {
     options[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   if (rails > 0) options["rails"] = std::to_string(rails);
+  if (!provider.empty()) options["provider"] = provider;
   return options;
 }
 

@@ -22,7 +22,8 @@ struct Shape {
   std::string backend = "nixl";
   std::vector<std::string> backend_options;  // KEY=VALUE, passed to the transport
   uint32_t rails = 0;                        // --rails: backend option rails=K when > 0
-  uint32_t kv_heads = 8;  // 1 with mla
+  std::string provider;                      // --provider: backend option provider=NAME
+  uint32_t kv_heads = 8;                     // 1 with mla
   uint32_t head_dim = 128;
   uint32_t layers = 4;
   uint32_t page_size = 16;

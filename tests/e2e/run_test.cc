@@ -96,7 +96,7 @@ std::vector<Case> matrix(const std::string& backend, const std::string& backend_
   return cases;
 }
 
-#ifdef PDKV_E2E_NIXL
+#ifdef PDKV_WITH_NIXL
 INSTANTIATE_TEST_SUITE_P(Nixl, RunMatrix, ::testing::ValuesIn(matrix("nixl")));
 #endif
 // Same host: process_vm_writev. TCP: three rails striped over loopback.
@@ -104,6 +104,12 @@ INSTANTIATE_TEST_SUITE_P(Mooncake, RunMatrix, ::testing::ValuesIn(matrix("moonca
 INSTANTIATE_TEST_SUITE_P(MooncakeTcp, RunMatrix,
                          ::testing::ValuesIn(matrix("mooncake",
                                                     "--backend-opt same_host=off --rails 3")));
+#ifdef PDKV_WITH_MORI
+// The default (auto) picks shm between ranks on this host; tcp;ofi_rxm by name.
+INSTANTIATE_TEST_SUITE_P(Mori, RunMatrix, ::testing::ValuesIn(matrix("mori")));
+INSTANTIATE_TEST_SUITE_P(MoriTcp, RunMatrix,
+                         ::testing::ValuesIn(matrix("mori", "--provider 'tcp;ofi_rxm'")));
+#endif
 
 TEST(Run, RefusesBadInputWithExitTwo) {
   auto r = testing::run_command(std::string(PDKV_BIN) + " run --kv-heads 8 --prefill-tp 3");
@@ -187,10 +193,13 @@ TEST_P(KilledWorker, FailsTheRunNamingTheRank) {
       << log;
 }
 
-#ifdef PDKV_E2E_NIXL
+#ifdef PDKV_WITH_NIXL
 INSTANTIATE_TEST_SUITE_P(Nixl, KilledWorker, ::testing::Values("nixl"));
 #endif
 INSTANTIATE_TEST_SUITE_P(Mooncake, KilledWorker, ::testing::Values("mooncake"));
+#ifdef PDKV_WITH_MORI
+INSTANTIATE_TEST_SUITE_P(Mori, KilledWorker, ::testing::Values("mori"));
+#endif
 
 }  // namespace
 }  // namespace pdkv

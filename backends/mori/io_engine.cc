@@ -1,0 +1,800 @@
+#include "io_engine.h"
+
+#include <fmt/format.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <sys/random.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "byte_codec.h"
+#include "host_identity.h"
+#include "log.h"
+
+namespace pdkv::backends::mori {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::string_view kMagic = "pdkv-mori-1";
+constexpr uint64_t kMaxEntries = 1 << 20;
+// Idle, the progress thread still reads the completion queues this often:
+// manual-progress providers move inbound data only when polled.
+constexpr auto kIdleTick = std::chrono::milliseconds(1);
+// After peers' traffic was last seen, the thread keeps polling without
+// sleeping this long: on shm every small write waits for the target's poll.
+constexpr auto kHotWindow = std::chrono::milliseconds(5);
+
+Status ofi_error(const std::string& what, int rc) {
+  return Status::internal(fmt::format("{}: {}", what, fi_strerror(rc < 0 ? -rc : rc)));
+}
+
+// Errors that mean the peer is gone (or cannot be reached), not a bad request.
+bool peer_is_gone(int err) {
+  switch (err) {
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case EPIPE:
+    case ENOTCONN:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ESRCH:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// One libfabric provider's objects: fabric, domain, RDM endpoint, address
+// vector and completion queue. Touched only on the progress thread once the
+// engine runs.
+struct Endpoint {
+  std::string provider;
+  fi_info* info = nullptr;
+  fid_fabric* fabric = nullptr;
+  fid_domain* domain = nullptr;
+  fid_ep* ep = nullptr;
+  fid_av* av = nullptr;
+  fid_cq* cq = nullptr;
+  fid_cntr* inbound = nullptr;  // counts peers' writes and reads here (with FI_RMA_EVENT)
+  uint64_t inbound_seen = 0;
+  std::string address;
+  bool virt_addr = false;    // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
+  bool prov_key = false;     // FI_MR_PROV_KEY: the provider chooses keys
+  bool endpoint_mr = false;  // FI_MR_ENDPOINT: bind each MR to the endpoint
+  uint64_t next_key = 1;
+
+  ~Endpoint() {
+    if (ep) fi_close(&ep->fid);
+    if (inbound) fi_close(&inbound->fid);
+    if (av) fi_close(&av->fid);
+    if (cq) fi_close(&cq->fid);
+    if (domain) fi_close(&domain->fid);
+    if (fabric) fi_close(&fabric->fid);
+    if (info) fi_freeinfo(info);
+  }
+
+  // With FI_RMA_EVENT where the provider has it (a counter of inbound
+  // accesses tells the progress thread that peers are busy here), else without.
+  Status open(const std::string& name) {
+    provider = name;
+    Status with_events = get_info(name, FI_RMA_EVENT);
+    if (!with_events.is_ok()) PDKV_RETURN_IF_ERROR(get_info(name, 0));
+    return open_objects();
+  }
+
+  Status get_info(const std::string& name, uint64_t extra_caps) {
+    fi_info* hints = fi_allocinfo();
+    if (hints == nullptr) return Status::internal("fi_allocinfo failed");
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | extra_caps;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+    hints->fabric_attr->prov_name = strdup(name.c_str());
+    const int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &info);
+    fi_freeinfo(hints);
+    if (rc != 0) return ofi_error(fmt::format("fi_getinfo for provider '{}'", name), rc);
+    return Status::ok();
+  }
+
+  Status open_objects() {
+    const std::string& name = provider;
+    const uint64_t mr_mode = info->domain_attr->mr_mode;
+    virt_addr = mr_mode & FI_MR_VIRT_ADDR;
+    prov_key = mr_mode & FI_MR_PROV_KEY;
+    endpoint_mr = mr_mode & FI_MR_ENDPOINT;
+    if (info->domain_attr->cq_data_size < sizeof(uint64_t)) {
+      return Status::failed_precondition(
+          fmt::format("provider '{}' carries {} bytes of remote CQ data; a transfer id needs 8",
+                      name, info->domain_attr->cq_data_size));
+    }
+    int r;
+    if ((r = fi_fabric(info->fabric_attr, &fabric, nullptr)) != 0) return ofi_error("fi_fabric", r);
+    if ((r = fi_domain(fabric, info, &domain, nullptr)) != 0) return ofi_error("fi_domain", r);
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_DATA;
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    if ((r = fi_cq_open(domain, &cq_attr, &cq, nullptr)) != 0) return ofi_error("fi_cq_open", r);
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_UNSPEC;
+    if ((r = fi_av_open(domain, &av_attr, &av, nullptr)) != 0) return ofi_error("fi_av_open", r);
+    if ((r = fi_endpoint(domain, info, &ep, nullptr)) != 0) return ofi_error("fi_endpoint", r);
+    if ((r = fi_ep_bind(ep, &av->fid, 0)) != 0) return ofi_error("fi_ep_bind(av)", r);
+    if ((r = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0) {
+      return ofi_error("fi_ep_bind(cq)", r);
+    }
+    if (info->caps & FI_RMA_EVENT) {
+      fi_cntr_attr cntr_attr{};
+      cntr_attr.events = FI_CNTR_EVENTS_COMP;
+      cntr_attr.wait_obj = FI_WAIT_NONE;
+      if ((r = fi_cntr_open(domain, &cntr_attr, &inbound, nullptr)) != 0) {
+        return ofi_error("fi_cntr_open", r);
+      }
+      if ((r = fi_ep_bind(ep, &inbound->fid, FI_REMOTE_WRITE | FI_REMOTE_READ)) != 0) {
+        return ofi_error("fi_ep_bind(cntr)", r);
+      }
+    }
+    if ((r = fi_enable(ep)) != 0) return ofi_error("fi_enable", r);
+    size_t len = 0;
+    fi_getname(&ep->fid, nullptr, &len);
+    address.resize(len);
+    if ((r = fi_getname(&ep->fid, address.data(), &len)) != 0) return ofi_error("fi_getname", r);
+    address.resize(len);
+    return Status::ok();
+  }
+};
+
+// One posted (or to be posted) operation. The provider's context comes first
+// (FI_CONTEXT2 mode lets it use that space).
+struct Op {
+  fi_context2 provider_context;
+  TransferId transfer = 0;
+  bool read = false;
+  bool signal = false;  // the write that carries the transfer id as remote CQ data
+  char* local = nullptr;
+  void* local_desc = nullptr;
+  uint64_t length = 0;
+  uint64_t remote_addr = 0;
+  uint64_t key = 0;
+};
+
+}  // namespace
+
+struct IoEngine::Impl {
+  struct Registered {
+    MemoryDesc desc;
+    std::vector<fid_mr*> mrs;  // per endpoint
+  };
+  struct Peer {
+    EngineDesc desc;
+    size_t endpoint = 0;
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    Status failure;
+  };
+  struct Transfer {
+    std::string peer;
+    size_t endpoint = 0;
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    uint64_t outstanding = 0;         // posted or queued, not completed
+    std::unique_ptr<Op> held_signal;  // posted once the others completed
+    TransferStatus status;
+    Clock::time_point deadline;
+  };
+
+  IoEngineConfig config;
+  EngineDesc desc;
+  std::vector<std::unique_ptr<Endpoint>> endpoints;
+  std::string host_identity;
+  uint32_t next_transfer = 1;
+
+  std::mutex mu;
+  std::condition_variable wake;
+  bool stopping = false;
+  std::deque<std::function<void()>> tasks;
+  std::vector<Registered> registered;
+  std::map<std::string, Peer> peers;
+  std::map<TransferId, Transfer> transfers;
+  std::deque<std::unique_ptr<Op>> to_post;    // queued, in order
+  std::map<Op*, std::unique_ptr<Op>> posted;  // handed to the provider
+  std::map<uint32_t, std::string> nonces;     // peer nonce -> engine key
+  std::set<TransferId> inbound;               // landed, not yet popped
+  PeerFailureCallback on_failure;
+  // Providers copy peers' bytes into our memory on the progress thread (shm
+  // inline writes, tcp): it acquires this before each round and releases it
+  // after, and acquire_remote_writes() / release_to_peers() pair with that.
+  std::atomic<uint64_t> memory_order{0};
+  std::thread progress;
+
+  ~Impl() {
+    {
+      std::lock_guard lock(mu);
+      stopping = true;
+    }
+    wake.notify_all();
+    if (progress.joinable()) progress.join();
+    // Memory regions before their domains (the endpoints close the rest).
+    for (auto& r : registered) {
+      for (fid_mr* mr : r.mrs) {
+        if (mr) fi_close(&mr->fid);
+      }
+    }
+    endpoints.clear();  // closing the endpoints drops what was still posted
+  }
+
+  template <typename F>
+  auto run(F&& task) -> decltype(task()) {
+    std::packaged_task<decltype(task())()> job(std::forward<F>(task));
+    auto result = job.get_future();
+    {
+      std::lock_guard lock(mu);
+      tasks.push_back([&job] { job(); });
+    }
+    wake.notify_all();
+    return result.get();
+  }
+
+  void progress_loop();
+  void post_queued();                                                    // mu held
+  void read_completions(Endpoint& e, size_t index);                      // mu held
+  void finish_op(std::unique_ptr<Op> op, const Status& error, int err);  // mu held
+  void fail_transfer(Transfer& t, const Status& reason);                 // mu held
+  void fail_peer_locked(const std::string& key, const Status& reason,
+                        std::vector<std::pair<std::string, Status>>& report);  // mu held
+  Status submit(const Session& s, bool read, std::span<const uint64_t> local_offsets,
+                std::span<const uint64_t> remote_offsets, std::span<const uint64_t> sizes,
+                TransferId id, const MemoryDesc& local, const MemoryDesc& remote);
+};
+
+void IoEngine::Impl::progress_loop() {
+  std::unique_lock lock(mu);
+  auto next_deadline_check = Clock::now();
+  auto hot_until = Clock::now();
+  while (!stopping) {
+    while (!tasks.empty()) {
+      auto task = std::move(tasks.front());
+      tasks.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+    (void)memory_order.load(std::memory_order_acquire);
+    post_queued();
+    for (size_t i = 0; i < endpoints.size(); ++i) read_completions(*endpoints[i], i);
+    memory_order.fetch_add(1, std::memory_order_release);
+    const auto now = Clock::now();
+    for (auto& e : endpoints) {
+      if (e->inbound == nullptr) continue;
+      const uint64_t seen = fi_cntr_read(e->inbound);
+      if (seen != e->inbound_seen) {
+        e->inbound_seen = seen;
+        hot_until = now + kHotWindow;
+      }
+    }
+    if (now >= next_deadline_check) {
+      next_deadline_check = now + std::chrono::milliseconds(10);
+      for (auto& [id, t] : transfers) {
+        if (t.status.state == TransferState::kInProgress && now >= t.deadline) {
+          fail_transfer(t, Status::deadline_exceeded(
+                               fmt::format("transfer {:#x} to {} not done within {} ms", id, t.peer,
+                                           config.transfer_timeout.count())));
+        }
+      }
+    }
+    if (to_post.empty() && posted.empty() && tasks.empty() && now >= hot_until) {
+      wake.wait_for(lock, kIdleTick);
+    } else if (tasks.empty()) {
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+    }
+  }
+}
+
+void IoEngine::Impl::post_queued() {
+  while (!to_post.empty()) {
+    Op* op = to_post.front().get();
+    auto t = transfers.find(op->transfer);
+    if (t == transfers.end() || t->second.status.state != TransferState::kInProgress) {
+      to_post.pop_front();  // its transfer ended (failed) meanwhile
+      continue;
+    }
+    Endpoint& e = *endpoints[t->second.endpoint];
+    iovec iov{op->local, op->length};
+    fi_rma_iov rma{op->remote_addr, op->length, op->key};
+    fi_msg_rma msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &op->local_desc;
+    msg.iov_count = 1;
+    msg.addr = t->second.addr;
+    msg.rma_iov = &rma;
+    msg.rma_iov_count = 1;
+    msg.context = op;
+    ssize_t rc;
+    if (op->read) {
+      rc = fi_readmsg(e.ep, &msg, FI_COMPLETION);
+    } else {
+      uint64_t flags = FI_COMPLETION | FI_DELIVERY_COMPLETE;
+      if (op->signal) {
+        flags |= FI_REMOTE_CQ_DATA;
+        msg.data = op->transfer;
+      }
+      rc = fi_writemsg(e.ep, &msg, flags);
+    }
+    if (rc == -FI_EAGAIN) return;  // the provider needs progress first
+    auto owned = std::move(to_post.front());
+    to_post.pop_front();
+    if (rc != 0) {
+      fail_transfer(t->second, ofi_error(op->read ? "fi_readmsg" : "fi_writemsg", int(rc)));
+      continue;
+    }
+    posted.emplace(op, std::move(owned));
+  }
+}
+
+void IoEngine::Impl::read_completions(Endpoint& e, size_t index) {
+  (void)index;
+  fi_cq_data_entry entries[64];
+  while (true) {
+    const ssize_t n = fi_cq_read(e.cq, entries, 64);
+    if (n == -FI_EAGAIN) return;
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(e.cq, &err, 0) != 1) return;
+      char detail[256] = {};
+      fi_cq_strerror(e.cq, err.prov_errno, err.err_data, detail, sizeof detail);
+      auto it = posted.find(static_cast<Op*>(err.op_context));
+      if (it == posted.end()) {
+        logger("mori")->warn("{}: completion error for no operation of ours: {} ({})", e.provider,
+                             fi_strerror(err.err), detail);
+        continue;
+      }
+      auto op = std::move(it->second);
+      posted.erase(it);
+      const Status failed = Status::unavailable(fmt::format(
+          "{} {}: {} ({})", e.provider, op->read ? "read" : "write", fi_strerror(err.err), detail));
+      finish_op(std::move(op), failed, err.err);
+      continue;
+    }
+    if (n < 0) {
+      logger("mori")->warn("{}: fi_cq_read: {}", e.provider, fi_strerror(int(-n)));
+      return;
+    }
+    for (ssize_t i = 0; i < n; ++i) {
+      const fi_cq_data_entry& c = entries[i];
+      if (c.flags & FI_REMOTE_CQ_DATA) {  // a peer's transfer has landed here
+        inbound.insert(c.data);
+        continue;
+      }
+      auto it = posted.find(static_cast<Op*>(c.op_context));
+      if (it == posted.end()) continue;
+      auto op = std::move(it->second);
+      posted.erase(it);
+      finish_op(std::move(op), Status::ok(), 0);
+    }
+  }
+}
+
+void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int err) {
+  auto it = transfers.find(op->transfer);
+  if (it == transfers.end()) return;
+  Transfer& t = it->second;
+  if (t.status.state != TransferState::kInProgress) return;  // failed earlier; now accounted for
+  if (!error.is_ok()) {
+    fail_transfer(t, error);
+    if (peer_is_gone(err)) {
+      std::vector<std::pair<std::string, Status>> report;
+      fail_peer_locked(t.peer, error, report);
+      // The callback runs without mu: it may call back into this engine.
+      for (auto& [key, reason] : report) {
+        if (on_failure) {
+          auto cb = on_failure;
+          tasks.push_back([cb, key, reason] { cb(key, reason); });
+        }
+      }
+    }
+    return;
+  }
+  if (--t.outstanding > 0) return;
+  if (t.held_signal) {  // every other write is in place: now the one that says so
+    t.outstanding = 1;
+    to_post.push_back(std::move(t.held_signal));
+    return;
+  }
+  t.status.state = TransferState::kSuccess;
+}
+
+void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
+  if (t.status.state != TransferState::kInProgress) return;
+  t.status = {TransferState::kFailed, reason};
+  t.held_signal.reset();
+}
+
+void IoEngine::Impl::fail_peer_locked(const std::string& key, const Status& reason,
+                                      std::vector<std::pair<std::string, Status>>& report) {
+  auto p = peers.find(key);
+  if (p == peers.end() || !p->second.failure.is_ok()) return;
+  p->second.failure = reason;
+  for (auto& [id, t] : transfers) {
+    if (t.peer == key) fail_transfer(t, reason);
+  }
+  report.emplace_back(key, reason);
+}
+
+// ---------------------------------------------------------------- descriptors
+
+std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory) {
+  ByteWriter w;
+  w.bytes(kMagic);
+  w.bytes(engine.key);
+  w.u64(engine.nonce);
+  w.bytes(engine.host_identity);
+  w.u64(engine.endpoints.size());
+  for (const auto& e : engine.endpoints) {
+    w.bytes(e.provider);
+    w.bytes(e.address);
+  }
+  w.u64(memory.size());
+  for (const auto& m : memory) {
+    w.u64(m.id);
+    w.u64(m.base);
+    w.u64(m.length);
+    w.u64(m.keys.size());
+    for (uint64_t k : m.keys) w.u64(k);
+  }
+  return w.take();
+}
+
+Status decode(std::string_view blob, EngineDesc& engine, std::vector<MemoryDesc>& memory) {
+  ByteReader r(blob);
+  std::string_view magic, key, host;
+  uint64_t nonce = 0, endpoints = 0, regions = 0;
+  if (!r.bytes(magic) || magic != kMagic) {
+    return Status::invalid_argument(
+        fmt::format("not a mori engine descriptor ({} bytes): bad magic", blob.size()));
+  }
+  if (!r.bytes(key) || !r.u64(nonce) || nonce > UINT32_MAX || !r.bytes(host) || !r.u64(endpoints) ||
+      endpoints == 0 || endpoints > 16) {
+    return Status::invalid_argument("mori descriptor truncated in its header");
+  }
+  engine = EngineDesc{std::string(key), static_cast<uint32_t>(nonce), std::string(host), {}};
+  for (uint64_t i = 0; i < endpoints; ++i) {
+    std::string_view provider, address;
+    if (!r.bytes(provider) || !r.bytes(address)) {
+      return Status::invalid_argument("mori descriptor truncated in its endpoints");
+    }
+    engine.endpoints.push_back({std::string(provider), std::string(address)});
+  }
+  if (!r.u64(regions) || regions > kMaxEntries) {
+    return Status::invalid_argument("mori descriptor truncated before its memory");
+  }
+  memory.clear();
+  for (uint64_t i = 0; i < regions; ++i) {
+    MemoryDesc m;
+    m.engine_key = engine.key;
+    uint64_t id = 0, keys = 0;
+    if (!r.u64(id) || !r.u64(m.base) || !r.u64(m.length) || !r.u64(keys) || keys != endpoints) {
+      return Status::invalid_argument("mori descriptor truncated in its memory");
+    }
+    m.id = static_cast<uint32_t>(id);
+    m.keys.resize(keys);
+    for (auto& k : m.keys) {
+      if (!r.u64(k)) return Status::invalid_argument("mori descriptor truncated in its keys");
+    }
+    memory.push_back(std::move(m));
+  }
+  if (!r.done()) return Status::invalid_argument("mori descriptor has trailing bytes");
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------- the engine
+
+IoEngine::IoEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+IoEngine::~IoEngine() = default;
+
+Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->host_identity = local_host_identity();
+  std::vector<std::string> wanted;
+  if (const char* env = std::getenv("FI_PROVIDER"); env != nullptr && config.provider == "auto") {
+    wanted = {env};  // the operator's choice, for every peer
+  } else if (config.provider == "auto") {
+    wanted = {"shm", "tcp;ofi_rxm"};
+  } else {
+    wanted = {config.provider};
+  }
+  std::string why;
+  for (const auto& name : wanted) {
+    auto e = std::make_unique<Endpoint>();
+    if (Status st = e->open(name); !st.is_ok()) {
+      why += (why.empty() ? "" : "; ") + st.message();
+      logger("mori")->debug("provider {} unavailable: {}", name, st.message());
+      continue;
+    }
+    impl->desc.endpoints.push_back({name, e->address});
+    impl->endpoints.push_back(std::move(e));
+  }
+  if (impl->endpoints.empty()) {
+    // A provider named by the user that is not here is bad input; "auto"
+    // finding nothing is this machine's problem.
+    const std::string message = fmt::format(
+        "mori: no libfabric provider could be opened ({}); `fi_info -l` lists this host's", why);
+    return config.provider == "auto" ? Status::unavailable(message)
+                                     : Status::invalid_argument(message);
+  }
+  uint32_t nonce = 0;
+  if (getrandom(&nonce, sizeof nonce, 0) != sizeof nonce) {
+    return Status::internal("getrandom failed: no transfer-id nonce");
+  }
+  impl->desc.key = config.key;
+  impl->desc.nonce = nonce;
+  impl->desc.host_identity = impl->host_identity;
+  Impl* raw = impl.get();
+  impl->progress = std::thread([raw] { raw->progress_loop(); });
+  return std::unique_ptr<IoEngine>(new IoEngine(std::move(impl)));
+}
+
+const EngineDesc& IoEngine::desc() const { return impl_->desc; }
+
+std::vector<std::string> IoEngine::providers() const {
+  std::vector<std::string> names;
+  for (const auto& e : impl_->endpoints) names.push_back(e->provider);
+  return names;
+}
+
+Result<MemoryDesc> IoEngine::register_memory(void* base, uint64_t length) {
+  if (base == nullptr || length == 0) return Status::invalid_argument("mori: empty buffer");
+  return impl_->run([&]() -> Result<MemoryDesc> {
+    Impl::Registered reg;
+    reg.desc.engine_key = impl_->desc.key;
+    reg.desc.base = reinterpret_cast<uint64_t>(base);
+    reg.desc.length = length;
+    for (auto& e : impl_->endpoints) {
+      fid_mr* mr = nullptr;
+      const uint64_t requested = e->prov_key ? 0 : e->next_key++;
+      int rc =
+          fi_mr_reg(e->domain, base, length, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE,
+                    0, requested, 0, &mr, nullptr);
+      if (rc == 0 && e->endpoint_mr) {
+        rc = fi_mr_bind(mr, &e->ep->fid, 0);
+        if (rc == 0) rc = fi_mr_enable(mr);
+      }
+      if (rc != 0) {
+        if (mr) fi_close(&mr->fid);
+        for (fid_mr* m : reg.mrs) fi_close(&m->fid);
+        return ofi_error(fmt::format("fi_mr_reg of {} bytes on {}", length, e->provider), rc);
+      }
+      reg.mrs.push_back(mr);
+      reg.desc.keys.push_back(fi_mr_key(mr));
+    }
+    std::lock_guard lock(impl_->mu);
+    reg.desc.id = static_cast<uint32_t>(impl_->registered.size());
+    impl_->registered.push_back(reg);
+    return reg.desc;
+  });
+}
+
+Status IoEngine::register_remote_engine(const EngineDesc& remote) {
+  // shm for a peer on this host, when both have it; else the first provider
+  // both have (tcp;ofi_rxm in auto mode).
+  std::optional<size_t> local, theirs;
+  const bool same_host =
+      !impl_->host_identity.empty() && remote.host_identity == impl_->host_identity;
+  for (size_t i = 0; i < impl_->endpoints.size() && !local; ++i) {
+    const std::string& p = impl_->endpoints[i]->provider;
+    if (p == "shm" && !same_host) continue;
+    for (size_t j = 0; j < remote.endpoints.size(); ++j) {
+      if (remote.endpoints[j].provider == p) {
+        local = i;
+        theirs = j;
+        break;
+      }
+    }
+  }
+  if (!local) {
+    std::vector<std::string> ours = providers(), peer;
+    for (const auto& e : remote.endpoints) peer.push_back(e.provider);
+    return Status::failed_precondition(fmt::format(
+        "mori engine '{}' shares no usable provider with this one (ours: {}; its: {}{})",
+        remote.key, fmt::join(ours, ", "), fmt::join(peer, ", "),
+        same_host ? "" : "; shm only reaches this host"));
+  }
+  return impl_->run([&]() -> Status {
+    Endpoint& e = *impl_->endpoints[*local];
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    const int n =
+        fi_av_insert(e.av, remote.endpoints[*theirs].address.data(), 1, &addr, 0, nullptr);
+    if (n != 1) {
+      return Status::invalid_argument(
+          fmt::format("mori engine '{}': its {} address was not accepted", remote.key, e.provider));
+    }
+    std::lock_guard lock(impl_->mu);
+    impl_->peers[remote.key] = Impl::Peer{remote, *local, addr, {}};
+    impl_->nonces[remote.nonce] = remote.key;
+    return Status::ok();
+  });
+}
+
+Result<std::string> IoEngine::provider_for(const std::string& engine_key) const {
+  std::lock_guard lock(impl_->mu);
+  auto p = impl_->peers.find(engine_key);
+  if (p == impl_->peers.end()) {
+    return Status::not_found(fmt::format("no mori engine '{}' registered", engine_key));
+  }
+  return impl_->endpoints[p->second.endpoint]->provider;
+}
+
+TransferId IoEngine::allocate_transfer_id() {
+  std::lock_guard lock(impl_->mu);
+  return (TransferId{impl_->desc.nonce} << 32) | impl_->next_transfer++;
+}
+
+Result<IoEngine::Session> IoEngine::create_session(const MemoryDesc& local,
+                                                   const MemoryDesc& remote) {
+  std::lock_guard lock(impl_->mu);
+  if (local.engine_key != impl_->desc.key || local.id >= impl_->registered.size()) {
+    return Status::invalid_argument(
+        fmt::format("memory {} of engine '{}' is not registered here", local.id, local.engine_key));
+  }
+  if (impl_->peers.count(remote.engine_key) == 0) {
+    return Status::not_found(fmt::format("no mori engine '{}' registered", remote.engine_key));
+  }
+  Session s;
+  s.engine_ = this;
+  s.local_ = local;
+  s.remote_ = remote;
+  return s;
+}
+
+Status IoEngine::Session::batch_write(std::span<const uint64_t> local_offsets,
+                                      std::span<const uint64_t> remote_offsets,
+                                      std::span<const uint64_t> sizes, TransferId id) {
+  return engine_->impl_->submit(*this, false, local_offsets, remote_offsets, sizes, id, local_,
+                                remote_);
+}
+
+Status IoEngine::Session::batch_read(std::span<const uint64_t> local_offsets,
+                                     std::span<const uint64_t> remote_offsets,
+                                     std::span<const uint64_t> sizes, TransferId id) {
+  return engine_->impl_->submit(*this, true, local_offsets, remote_offsets, sizes, id, local_,
+                                remote_);
+}
+
+Status IoEngine::Impl::submit(const Session&, bool read, std::span<const uint64_t> local_offsets,
+                              std::span<const uint64_t> remote_offsets,
+                              std::span<const uint64_t> sizes, TransferId id,
+                              const MemoryDesc& local, const MemoryDesc& remote) {
+  if (local_offsets.size() != sizes.size() || remote_offsets.size() != sizes.size()) {
+    return Status::invalid_argument(
+        fmt::format("transfer {:#x}: {} local offsets, {} remote offsets, {} sizes", id,
+                    local_offsets.size(), remote_offsets.size(), sizes.size()));
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (local_offsets[i] > local.length || sizes[i] > local.length - local_offsets[i] ||
+        remote_offsets[i] > remote.length || sizes[i] > remote.length - remote_offsets[i]) {
+      return Status::out_of_range(fmt::format(
+          "transfer {:#x} op {}: {} bytes at local {} / remote {} leave the buffers ({} / {})", id,
+          i, sizes[i], local_offsets[i], remote_offsets[i], local.length, remote.length));
+    }
+  }
+  {
+    std::lock_guard lock(mu);
+    auto p = peers.find(remote.engine_key);
+    if (p == peers.end()) {
+      return Status::not_found(fmt::format("no mori engine '{}' registered", remote.engine_key));
+    }
+    if (!p->second.failure.is_ok()) return p->second.failure;
+    if (transfers.count(id)) {
+      return Status::already_exists(fmt::format("transfer {:#x} is already in use", id));
+    }
+    const size_t ep = p->second.endpoint;
+    Endpoint& e = *endpoints[ep];
+    const Registered& reg = registered.at(local.id);
+    // The remote key of the provider this peer is reached by.
+    size_t theirs = 0;
+    for (size_t j = 0; j < p->second.desc.endpoints.size(); ++j) {
+      if (p->second.desc.endpoints[j].provider == e.provider) theirs = j;
+    }
+    if (theirs >= remote.keys.size()) {
+      return Status::invalid_argument(fmt::format("memory {} of engine '{}' has no {} key",
+                                                  remote.id, remote.engine_key, e.provider));
+    }
+    Transfer& t = transfers[id];
+    t.peer = remote.engine_key;
+    t.endpoint = ep;
+    t.addr = p->second.addr;
+    t.deadline = Clock::now() + config.transfer_timeout;
+    const uint64_t remote_base = e.virt_addr ? remote.base : 0;
+    std::vector<std::unique_ptr<Op>> ops;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (sizes[i] == 0) continue;
+      auto op = std::make_unique<Op>();
+      op->transfer = id;
+      op->read = read;
+      op->local = reinterpret_cast<char*>(local.base) + local_offsets[i];
+      op->local_desc = fi_mr_desc(reg.mrs[ep]);
+      op->length = sizes[i];
+      op->remote_addr = remote_base + remote_offsets[i];
+      op->key = remote.keys[theirs];
+      ops.push_back(std::move(op));
+    }
+    if (ops.empty()) {
+      t.status.state = TransferState::kSuccess;
+      return Status::ok();
+    }
+    if (!read) {  // the last write tells the target, after all the others
+      ops.back()->signal = true;
+      if (ops.size() > 1) {
+        t.held_signal = std::move(ops.back());
+        ops.pop_back();
+      }
+    }
+    t.outstanding = ops.size();
+    for (auto& op : ops) to_post.push_back(std::move(op));
+  }
+  wake.notify_all();
+  return Status::ok();
+}
+
+TransferStatus IoEngine::transfer_status(TransferId id) {
+  std::lock_guard lock(impl_->mu);
+  auto t = impl_->transfers.find(id);
+  if (t == impl_->transfers.end()) {
+    return {TransferState::kFailed, Status::not_found(fmt::format("no transfer {:#x}", id))};
+  }
+  TransferStatus st = t->second.status;
+  // Ended and accounted for (no operation of it still with the provider).
+  if (st.state != TransferState::kInProgress) impl_->transfers.erase(t);
+  return st;
+}
+
+bool IoEngine::pop_inbound_transfer_status(const std::string& remote_key, TransferId id) {
+  std::lock_guard lock(impl_->mu);
+  auto n = impl_->nonces.find(static_cast<uint32_t>(id >> 32));
+  if (n == impl_->nonces.end() || n->second != remote_key) return false;
+  return impl_->inbound.erase(id) > 0;
+}
+
+void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
+  std::vector<std::pair<std::string, Status>> report;
+  PeerFailureCallback callback;
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->fail_peer_locked(engine_key, reason, report);
+    callback = impl_->on_failure;
+  }
+  if (callback) {
+    for (auto& [key, why] : report) callback(key, why);
+  }
+}
+
+void IoEngine::acquire_inbound_writes() const {
+  (void)impl_->memory_order.load(std::memory_order_acquire);
+}
+
+void IoEngine::release_to_peers() { impl_->memory_order.fetch_add(1, std::memory_order_release); }
+
+void IoEngine::set_peer_failure_callback(PeerFailureCallback callback) {
+  std::lock_guard lock(impl_->mu);
+  impl_->on_failure = std::move(callback);
+}
+
+}  // namespace pdkv::backends::mori

@@ -1,0 +1,136 @@
+// The `mori` IO engine, shaped like AMD's MORI-IO on its libfabric path: an
+// engine with a key and an engine descriptor; register_memory -> a memory
+// descriptor; sessions between a local and a remote memory descriptor; batch
+// write and batch read with transfer ids and per-transfer status; and, on
+// the target, the status of inbound transfers.
+//
+// Data plane: libfabric (OFI) reliable-datagram endpoints (FI_EP_RDM) with
+// RMA. One endpoint per provider the engine opens: `shm` serves peers on
+// this host, `tcp;ofi_rxm` the others (or one provider chosen by option).
+// Every write asks for FI_DELIVERY_COMPLETE, so its completion means the
+// bytes are in the target's memory; the last write of a transfer carries the
+// transfer id as remote CQ data, posted once the others completed, so that
+// the target learns that the whole transfer has landed. One progress thread
+// posts operations and reads the completion queues; it serves inbound traffic
+// too (manual-progress providers move data only when polled), and sleeps in
+// short ticks when idle.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pdkv/status.h"
+#include "pdkv/transport.h"
+
+namespace pdkv::backends::mori {
+
+struct IoEngineConfig {
+  std::string key;  // names this engine to its peers; unique per process
+  // "auto": shm for peers on this host, tcp;ofi_rxm for the others; or one
+  // libfabric provider for every peer ("shm", "tcp;ofi_rxm", "verbs;ofi_rxm",
+  // "efa", ...). FI_PROVIDER, when set, is what libfabric may choose from.
+  std::string provider = "auto";
+  // A transfer not done in this time fails (its operations are still
+  // accounted for when the provider returns them).
+  std::chrono::milliseconds transfer_timeout{30'000};
+};
+
+// What a peer needs to reach this engine: its key, a nonce that tags its
+// transfer ids, where it runs, and one fabric address per provider.
+struct EngineDesc {
+  struct Endpoint {
+    std::string provider;
+    std::string address;  // fi_getname
+  };
+  std::string key;
+  uint32_t nonce = 0;
+  std::string host_identity;
+  std::vector<Endpoint> endpoints;
+};
+
+// A registered buffer, as a peer reaches it: one remote key per provider.
+struct MemoryDesc {
+  std::string engine_key;
+  uint32_t id = 0;
+  uint64_t base = 0, length = 0;
+  std::vector<uint64_t> keys;  // in the order of the engine's endpoints
+};
+
+std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory);
+// Never trusts its input (kInvalidArgument for anything malformed).
+Status decode(std::string_view blob, EngineDesc& engine, std::vector<MemoryDesc>& memory);
+
+using TransferId = uint64_t;  // the engine's nonce in the high 32 bits
+
+enum class TransferState : uint8_t { kInProgress, kSuccess, kFailed };
+struct TransferStatus {
+  TransferState state = TransferState::kInProgress;
+  Status error;
+};
+
+class IoEngine {
+ public:
+  using PeerFailureCallback = std::function<void(const std::string& engine_key, const Status&)>;
+
+  static Result<std::unique_ptr<IoEngine>> create(IoEngineConfig config);
+  ~IoEngine();
+
+  const EngineDesc& desc() const;
+  // The providers this engine opened, in endpoint order.
+  std::vector<std::string> providers() const;
+
+  Result<MemoryDesc> register_memory(void* base, uint64_t length);
+  // Adds a peer to the address vector of the provider it will be reached by.
+  Status register_remote_engine(const EngineDesc& remote);
+  // The provider a registered peer is reached by.
+  Result<std::string> provider_for(const std::string& engine_key) const;
+
+  TransferId allocate_transfer_id();
+
+  class Session {
+   public:
+    // Bytes flow local -> remote (write) or remote -> local (read). Offsets
+    // are relative to the two buffers; ranges are checked by the caller.
+    Status batch_write(std::span<const uint64_t> local_offsets,
+                       std::span<const uint64_t> remote_offsets, std::span<const uint64_t> sizes,
+                       TransferId id);
+    Status batch_read(std::span<const uint64_t> local_offsets,
+                      std::span<const uint64_t> remote_offsets, std::span<const uint64_t> sizes,
+                      TransferId id);
+
+   private:
+    friend class IoEngine;
+    IoEngine* engine_ = nullptr;
+    MemoryDesc local_, remote_;
+  };
+  Result<Session> create_session(const MemoryDesc& local, const MemoryDesc& remote);
+
+  // The status of a transfer this engine started; a finished one is
+  // forgotten after it is reported once.
+  TransferStatus transfer_status(TransferId id);
+  // Target side: whether transfer `id` from engine `remote_key` has landed
+  // (every byte visible here); consumes it when it has.
+  bool pop_inbound_transfer_status(const std::string& remote_key, TransferId id);
+
+  // The peer is gone: its transfers fail with `reason`, later ones are refused.
+  void fail_peer(const std::string& engine_key, const Status& reason);
+  void set_peer_failure_callback(PeerFailureCallback callback);
+
+  // Memory ordering against the bytes peers move (see Transport).
+  void acquire_inbound_writes() const;
+  void release_to_peers();
+
+  struct Impl;
+
+ private:
+  explicit IoEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pdkv::backends::mori

@@ -1,0 +1,230 @@
+// The `mori` backend: pdkv's Transport interface over the mori IO engine
+// (io_engine.h). A region is a registered memory descriptor; a peer is a
+// registered remote engine with its memory descriptors; a batch is one
+// transfer per (local region, remote region) pair it touches.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <charconv>
+#include <map>
+#include <mutex>
+
+#include "io_engine.h"
+#include "pdkv/transport.h"
+
+namespace pdkv::backends::mori {
+namespace {
+
+constexpr std::string_view kOptions = "provider=auto|shm|tcp;ofi_rxm|..., timeout_ms=MS";
+
+Result<IoEngineConfig> config_from(const TransportOptions& options) {
+  static std::atomic<uint64_t> engines{0};
+  IoEngineConfig c;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  c.key = fmt::format("mori-{}-{}-{}", host, getpid(), engines++);
+  for (const auto& [key, value] : options) {
+    if (key == "provider" && !value.empty()) {
+      c.provider = value;
+    } else if (key == "timeout_ms") {
+      uint64_t ms = 0;
+      auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), ms);
+      if (ec != std::errc() || ptr != value.data() + value.size() || ms < 10) {
+        return Status::invalid_argument(
+            fmt::format("mori option timeout_ms={}: expected a whole number >= 10", value));
+      }
+      c.transfer_timeout = std::chrono::milliseconds(ms);
+    } else {
+      return Status::invalid_argument(
+          fmt::format("mori option '{}={}' unknown (options: {})", key, value, kOptions));
+    }
+  }
+  return c;
+}
+
+class MoriTransport final : public Transport {
+ public:
+  explicit MoriTransport(std::unique_ptr<IoEngine> engine) : engine_(std::move(engine)) {
+    engine_->set_peer_failure_callback([this](const std::string& key, const Status& reason) {
+      PeerFailureCallback callback;
+      PeerId peer = 0;
+      {
+        std::lock_guard lock(mu_);
+        for (const auto& [id, p] : peers_) {
+          if (p.engine.key == key) peer = id;
+        }
+        callback = on_failure_;
+      }
+      if (callback && peer != 0) callback(peer, reason);
+    });
+  }
+
+  std::string_view name() const override { return "mori"; }
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities caps;
+    caps.reads = true;
+    return caps;
+  }
+
+  Result<RegionKey> register_region(const MemoryRegion& region) override {
+    if (region.kind != MemoryKind::kHost) {
+      return Status::invalid_argument(fmt::format(
+          "mori registers host memory only here, not {} (FI_HMEM is not used; stage through "
+          "host memory)",
+          memory_kind_name(region.kind)));
+    }
+    PDKV_ASSIGN_OR_RETURN(MemoryDesc md, engine_->register_memory(region.base, region.length));
+    std::lock_guard lock(mu_);
+    regions_.push_back(std::move(md));
+    return static_cast<RegionKey>(regions_.size() - 1);
+  }
+
+  std::string descriptor() const override {
+    std::lock_guard lock(mu_);
+    return encode(engine_->desc(), regions_);
+  }
+
+  Result<PeerId> connect(std::string_view peer_descriptor) override {
+    Peer peer;
+    PDKV_RETURN_IF_ERROR(decode(peer_descriptor, peer.engine, peer.memory));
+    PDKV_RETURN_IF_ERROR(engine_->register_remote_engine(peer.engine));
+    std::lock_guard lock(mu_);
+    const PeerId id = next_peer_++;
+    peers_.emplace(id, std::move(peer));
+    return id;
+  }
+
+  Result<BatchId> write(PeerId peer, std::span<const WriteOp> ops) override {
+    return submit(peer, ops, false);
+  }
+  Result<BatchId> read(PeerId peer, std::span<const ReadOp> ops) override {
+    return submit(peer, ops, true);
+  }
+
+  BatchStatus poll(BatchId batch_id) override {
+    std::lock_guard lock(mu_);
+    auto b = batches_.find(batch_id);
+    if (b == batches_.end()) {
+      return {BatchState::kFailed, Status::not_found(fmt::format("no mori batch {}", batch_id))};
+    }
+    Batch& batch = b->second;
+    for (auto it = batch.open.begin(); it != batch.open.end();) {
+      const TransferStatus st = engine_->transfer_status(*it);
+      if (st.state == TransferState::kInProgress) {
+        ++it;
+        continue;
+      }
+      if (st.state == TransferState::kFailed && batch.error.is_ok()) batch.error = st.error;
+      it = batch.open.erase(it);
+    }
+    if (!batch.error.is_ok()) {
+      // The remaining transfers end on their own; nobody asks for them again.
+      BatchStatus failed{BatchState::kFailed, batch.error};
+      for (TransferId id : batch.open) abandoned_.push_back(id);
+      batches_.erase(b);
+      return failed;
+    }
+    if (!batch.open.empty()) return {BatchState::kInProgress, {}};
+    batches_.erase(b);
+    return {BatchState::kDone, {}};
+  }
+
+  void acquire_remote_writes() override { engine_->acquire_inbound_writes(); }
+  void release_to_peers() override { engine_->release_to_peers(); }
+
+  void set_peer_failure_callback(PeerFailureCallback callback) override {
+    std::lock_guard lock(mu_);
+    on_failure_ = std::move(callback);
+  }
+  void fail_peer(PeerId peer, const Status& reason) override {
+    std::string key;
+    {
+      std::lock_guard lock(mu_);
+      auto p = peers_.find(peer);
+      if (p == peers_.end()) return;
+      key = p->second.engine.key;
+    }
+    engine_->fail_peer(key, reason);
+  }
+
+ private:
+  struct Peer {
+    EngineDesc engine;
+    std::vector<MemoryDesc> memory;
+  };
+  struct Batch {
+    std::vector<TransferId> open;
+    Status error;
+  };
+
+  Result<BatchId> submit(PeerId peer_id, std::span<const WriteOp> ops, bool read) {
+    std::lock_guard lock(mu_);
+    auto p = peers_.find(peer_id);
+    if (p == peers_.end()) return Status::not_found(fmt::format("no mori peer {}", peer_id));
+    std::vector<uint64_t> local_lengths, remote_lengths;
+    for (const auto& r : regions_) local_lengths.push_back(r.length);
+    for (const auto& r : p->second.memory) remote_lengths.push_back(r.length);
+    // One transfer per (local region, remote region), ops in their order.
+    struct Group {
+      std::vector<uint64_t> local, remote, sizes;
+    };
+    std::map<std::pair<RegionKey, RegionKey>, Group> groups;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      PDKV_RETURN_IF_ERROR(
+          check_op_bounds(read ? "read" : "write", i, ops[i], local_lengths, remote_lengths));
+      Group& g = groups[{ops[i].local_region, ops[i].remote_region}];
+      g.local.push_back(ops[i].local_offset);
+      g.remote.push_back(ops[i].remote_offset);
+      g.sizes.push_back(ops[i].length);
+    }
+    forget_abandoned();
+    Batch batch;
+    for (auto& [regions, g] : groups) {
+      PDKV_ASSIGN_OR_RETURN(
+          IoEngine::Session session,
+          engine_->create_session(regions_[regions.first], p->second.memory[regions.second]));
+      const TransferId id = engine_->allocate_transfer_id();
+      const Status st = read ? session.batch_read(g.local, g.remote, g.sizes, id)
+                             : session.batch_write(g.local, g.remote, g.sizes, id);
+      if (!st.is_ok()) {
+        for (TransferId started : batch.open) abandoned_.push_back(started);
+        return st;
+      }
+      batch.open.push_back(id);
+    }
+    const BatchId id = next_batch_++;
+    batches_.emplace(id, std::move(batch));
+    return id;
+  }
+
+  // Transfers of failed batches: asked for once more when they have ended,
+  // so that the engine can forget them (mu_ held).
+  void forget_abandoned() {
+    std::erase_if(abandoned_, [this](TransferId id) {
+      return engine_->transfer_status(id).state != TransferState::kInProgress;
+    });
+  }
+
+  std::unique_ptr<IoEngine> engine_;
+  mutable std::mutex mu_;
+  std::vector<MemoryDesc> regions_;
+  std::map<PeerId, Peer> peers_;
+  std::map<BatchId, Batch> batches_;
+  std::vector<TransferId> abandoned_;
+  PeerFailureCallback on_failure_;
+  PeerId next_peer_ = 1;
+  BatchId next_batch_ = 1;
+};
+
+Result<std::unique_ptr<Transport>> create(const TransportOptions& options) {
+  PDKV_ASSIGN_OR_RETURN(IoEngineConfig config, config_from(options));
+  PDKV_ASSIGN_OR_RETURN(auto engine, IoEngine::create(std::move(config)));
+  return std::unique_ptr<Transport>(new MoriTransport(std::move(engine)));
+}
+
+}  // namespace
+
+PDKV_REGISTER_TRANSPORT("mori", create);
+
+}  // namespace pdkv::backends::mori

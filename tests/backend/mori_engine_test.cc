@@ -1,0 +1,157 @@
+// The mori IO engine's own API (io_engine.h): inbound transfer status on the
+// target, provider choice, a dead peer failing in time, and descriptors that
+// cannot be trusted. Byte checks use patterns computed here.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include "io_engine.h"
+#include "support/child_process.h"
+#include "support/poll.h"
+
+namespace pdkv::backends::mori {
+namespace {
+
+using namespace std::chrono_literals;
+
+IoEngineConfig config(const std::string& key, const std::string& provider,
+                      std::chrono::milliseconds timeout = 30s) {
+  IoEngineConfig c;
+  c.key = key;
+  c.provider = provider;
+  c.transfer_timeout = timeout;
+  return c;
+}
+
+TransferStatus wait(IoEngine& e, TransferId id) {
+  TransferStatus st;
+  testing::poll_until(
+      [&] { return (st = e.transfer_status(id)).state != TransferState::kInProgress; }, 20s);
+  return st;
+}
+
+class MoriEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MoriEngine, TheTargetLearnsThatAWholeTransferLanded) {
+  std::vector<char> src(1 << 20), dst(1 << 20, 0);  // outlive the engines
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 11 + 7);
+  auto initiator = IoEngine::create(config("initiator", GetParam())).value();
+  auto target = IoEngine::create(config("target", GetParam())).value();
+  const MemoryDesc mine = initiator->register_memory(src.data(), src.size()).value();
+  const MemoryDesc theirs = target->register_memory(dst.data(), dst.size()).value();
+  target->release_to_peers();  // the zero fill comes before the peer's writes
+  ASSERT_TRUE(initiator->register_remote_engine(target->desc()).is_ok());
+  ASSERT_TRUE(target->register_remote_engine(initiator->desc()).is_ok());
+  EXPECT_EQ(initiator->provider_for("target").value(), GetParam());
+
+  auto session = initiator->create_session(mine, theirs).value();
+  const TransferId id = initiator->allocate_transfer_id();
+  const std::vector<uint64_t> local = {0, 4096, 300000}, remote = {100, 9000, 500000},
+                              sizes = {4096, 1, 200000};
+  ASSERT_TRUE(session.batch_write(local, remote, sizes, id).is_ok());
+  const TransferStatus st = wait(*initiator, id);
+  ASSERT_EQ(st.state, TransferState::kSuccess) << st.error.to_string();
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return target->pop_inbound_transfer_status("initiator", id); }, 10s));
+  target->acquire_inbound_writes();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(std::memcmp(dst.data() + remote[i], src.data() + local[i], sizes[i]), 0) << i;
+  }
+  EXPECT_EQ(dst[99], 0);                                               // nothing else written
+  EXPECT_FALSE(target->pop_inbound_transfer_status("initiator", id));  // consumed
+  EXPECT_FALSE(target->pop_inbound_transfer_status("someone else", id));
+  // An id is used once; reported transfers are forgotten.
+  EXPECT_EQ(session.batch_write(local, remote, sizes, id).code(), StatusCode::kOk);
+  EXPECT_EQ(wait(*initiator, id).state, TransferState::kSuccess);
+  EXPECT_EQ(initiator->transfer_status(id).error.code(), StatusCode::kNotFound);
+  // Out of the buffers: refused before anything is posted.
+  const std::vector<uint64_t> far = {(1 << 20) - 10};
+  const std::vector<uint64_t> ten = {11};
+  EXPECT_EQ(
+      session.batch_write(far, std::vector<uint64_t>{0}, ten, initiator->allocate_transfer_id())
+          .code(),
+      StatusCode::kOutOfRange);
+}
+
+// The peer's process is gone before the transfer: it fails, with a reason,
+// within the configured timeout (or is refused at once), never hangs.
+TEST_P(MoriEngine, ADeadPeerFailsInTime) {
+  testing::ChildProcess peer(
+      {PDKV_BACKEND_PEER, "mori", std::to_string(1 << 20), "provider=" + GetParam()});
+  const std::string blob = testing::from_hex(peer.read_line());
+  ASSERT_FALSE(blob.empty());
+  peer.kill_now();
+  EngineDesc remote;
+  std::vector<MemoryDesc> memory;
+  ASSERT_TRUE(decode(blob, remote, memory).is_ok());
+  std::vector<char> src(1 << 20);
+  auto engine = IoEngine::create(config("survivor", GetParam(), 1500ms)).value();
+  const MemoryDesc mine = engine->register_memory(src.data(), src.size()).value();
+  const auto start = std::chrono::steady_clock::now();
+  const Status registered = engine->register_remote_engine(remote);
+  if (!registered.is_ok()) {  // shm maps the peer's queue at once: gone is gone
+    EXPECT_NE(registered.message().find(remote.key), std::string::npos) << registered.message();
+    return;
+  }
+  auto session = engine->create_session(mine, memory.at(0)).value();
+  const TransferId id = engine->allocate_transfer_id();
+  const std::vector<uint64_t> zero = {0}, size = {1 << 20};
+  const Status posted = session.batch_write(zero, zero, size, id);
+  if (posted.is_ok()) {
+    const TransferStatus st = wait(*engine, id);
+    EXPECT_EQ(st.state, TransferState::kFailed);
+    EXPECT_FALSE(st.error.message().empty());
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1500ms + 1s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, MoriEngine, ::testing::Values("shm", "tcp;ofi_rxm"),
+                         [](const auto& info) {
+                           return info.param == "shm" ? std::string("shm") : std::string("tcp");
+                         });
+
+TEST(MoriEngineAuto, ShmOnThisHostTcpToAnother) {
+  auto a = IoEngine::create(config("a", "auto")).value();
+  auto b = IoEngine::create(config("b", "auto")).value();
+  ASSERT_TRUE(a->register_remote_engine(b->desc()).is_ok());
+  EXPECT_EQ(a->provider_for("b").value(), "shm");
+  EngineDesc elsewhere = b->desc();
+  elsewhere.key = "b-elsewhere";
+  elsewhere.host_identity = "another host";
+  ASSERT_TRUE(a->register_remote_engine(elsewhere).is_ok());
+  EXPECT_EQ(a->provider_for("b-elsewhere").value(), "tcp;ofi_rxm");
+  // Only shm in common, on another host: refused, naming both sides.
+  EngineDesc shm_only = elsewhere;
+  shm_only.key = "c";
+  shm_only.endpoints = {elsewhere.endpoints.front()};
+  ASSERT_EQ(shm_only.endpoints.front().provider, "shm");
+  const Status refused = a->register_remote_engine(shm_only);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("shares no usable provider"), std::string::npos)
+      << refused.message();
+}
+
+TEST(MoriEngineAuto, BrokenDescriptorsAreRefusedNotCrashes) {
+  auto e = IoEngine::create(config("e", "auto")).value();
+  std::vector<char> buffer(4096);
+  const MemoryDesc md = e->register_memory(buffer.data(), buffer.size()).value();
+  const std::string good = encode(e->desc(), std::vector<MemoryDesc>{md});
+  EngineDesc desc;
+  std::vector<MemoryDesc> memory;
+  ASSERT_TRUE(decode(good, desc, memory).is_ok());
+  EXPECT_EQ(memory.at(0).length, 4096u);
+  for (size_t n = 0; n < good.size(); ++n) {
+    ASSERT_EQ(decode(good.substr(0, n), desc, memory).code(), StatusCode::kInvalidArgument) << n;
+  }
+  std::mt19937 rng(9);
+  for (int i = 0; i < 200; ++i) {
+    std::string noise(rng() % 300, '\0');
+    for (auto& c : noise) c = static_cast<char>(rng());
+    EXPECT_EQ(decode(noise, desc, memory).code(), StatusCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace pdkv::backends::mori
