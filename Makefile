@@ -6,6 +6,8 @@
 #   make test-slow       the long runs (soak, benchmarks-as-tests), on demand
 #   make test-sanitize   ASan + UBSan build in build-asan/, same test set
 #   make test-tsan       ThreadSanitizer build in build-tsan/, same test set
+#   make bench           pdkv bench --quick: every backend against its baselines, about a minute
+#   make bench-full      pdkv bench over the whole grid (hours; CSV and plot in build/)
 #   make bench-plan      the planner micro-benchmark
 #   make format          clang-format every C++ file
 
@@ -20,7 +22,7 @@ SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_check
 TSAN_ENV = TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
            UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no
 
-.PHONY: deps build demo test test-slow test-sanitize test-tsan bench-plan format clean
+.PHONY: deps build demo test test-slow test-sanitize test-tsan bench bench-full bench-plan format clean
 
 deps:
 	@scripts/install-deps.sh
@@ -54,6 +56,12 @@ test-sanitize: deps
 test-tsan: deps
 	$(call build_tree,build-tsan,-DPDKV_SANITIZE=thread)
 	cd build-tsan && $(TSAN_ENV) $(CTEST) -LE slow
+
+bench: build
+	build/bin/pdkv bench --quick
+
+bench-full: build
+	build/bin/pdkv bench --csv build/bench-full.csv --plot build/bench-full.png
 
 bench-plan: build
 	build/bin/pdkv_plan_bench --benchmark_counters_tabular=true

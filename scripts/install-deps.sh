@@ -16,6 +16,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   iperf3                        # TCP baseline for bench
+  gnuplot-nox                   # pdkv bench --plot
   iproute2                      # ip, tc: the mooncake rails test builds network namespaces
 )
 

@@ -110,7 +110,15 @@ void Inbound::on_events(uint32_t events) {
     const IoOutcome outcome = reader_.pump(
         fd_, [this](const auto& h, auto& sink) { return on_header(h, sink); },
         [this](const auto& h, auto& kept) { return on_frame(h, kept); }, bytes);
-    if (outcome == IoOutcome::kError) return refuse(reader_.error());
+    if (outcome == IoOutcome::kError) {
+      // The socket failed (the peer reset it, e.g. when it shut down): no
+      // rule was broken, nothing to refuse.
+      if (reader_.error().code() == StatusCode::kUnavailable) {
+        logger("mooncake")->debug("connection from {}: {}", from_, reader_.error().message());
+        return close();
+      }
+      return refuse(reader_.error());
+    }
     if (outcome == IoOutcome::kClosed) {
       if (reader_.mid_frame()) {
         logger("mooncake")

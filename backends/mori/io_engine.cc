@@ -1,6 +1,7 @@
 #include "io_engine.h"
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -8,7 +9,9 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -72,6 +75,7 @@ struct Endpoint {
   fid_av* av = nullptr;
   fid_cq* cq = nullptr;
   fid_cntr* inbound = nullptr;  // counts peers' writes and reads here (with FI_RMA_EVENT)
+  int wait_fd = -1;             // the CQ's, when the provider has one
   uint64_t inbound_seen = 0;
   std::string address;
   bool virt_addr = false;    // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
@@ -129,10 +133,20 @@ struct Endpoint {
     int r;
     if ((r = fi_fabric(info->fabric_attr, &fabric, nullptr)) != 0) return ofi_error("fi_fabric", r);
     if ((r = fi_domain(fabric, info, &domain, nullptr)) != 0) return ofi_error("fi_domain", r);
+    // A CQ with a file descriptor lets the idle progress thread sleep until
+    // peers' traffic arrives (tcp;ofi_rxm needs our polls to move it);
+    // providers without one are polled every kIdleTick.
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_DATA;
-    cq_attr.wait_obj = FI_WAIT_NONE;
-    if ((r = fi_cq_open(domain, &cq_attr, &cq, nullptr)) != 0) return ofi_error("fi_cq_open", r);
+    cq_attr.wait_obj = FI_WAIT_FD;
+    if (fi_cq_open(domain, &cq_attr, &cq, nullptr) != 0 ||
+        fi_control(&cq->fid, FI_GETWAIT, &wait_fd) != 0) {
+      if (cq) fi_close(&cq->fid);
+      cq = nullptr;
+      wait_fd = -1;
+      cq_attr.wait_obj = FI_WAIT_NONE;
+      if ((r = fi_cq_open(domain, &cq_attr, &cq, nullptr)) != 0) return ofi_error("fi_cq_open", r);
+    }
     fi_av_attr av_attr{};
     av_attr.type = FI_AV_UNSPEC;
     if ((r = fi_av_open(domain, &av_attr, &av, nullptr)) != 0) return ofi_error("fi_av_open", r);
@@ -207,6 +221,7 @@ struct IoEngine::Impl {
 
   std::mutex mu;
   std::condition_variable wake;
+  int wake_fd = -1;  // eventfd: tasks and submissions wake the idle thread
   bool stopping = false;
   std::deque<std::function<void()>> tasks;
   std::vector<Registered> registered;
@@ -218,8 +233,9 @@ struct IoEngine::Impl {
   std::set<TransferId> inbound;               // landed, not yet popped
   PeerFailureCallback on_failure;
   // Providers copy peers' bytes into our memory on the progress thread (shm
-  // inline writes, tcp): it acquires this before each round and releases it
-  // after, and acquire_remote_writes() / release_to_peers() pair with that.
+  // inline writes, tcp): it acquires this before each provider call that may
+  // do so and releases it after each round; acquire_remote_writes() and
+  // release_to_peers() pair with that.
   std::atomic<uint64_t> memory_order{0};
   std::thread progress;
 
@@ -228,8 +244,9 @@ struct IoEngine::Impl {
       std::lock_guard lock(mu);
       stopping = true;
     }
-    wake.notify_all();
+    notify();
     if (progress.joinable()) progress.join();
+    if (wake_fd >= 0) ::close(wake_fd);
     // Memory regions before their domains (the endpoints close the rest).
     for (auto& r : registered) {
       for (fid_mr* mr : r.mrs) {
@@ -247,11 +264,17 @@ struct IoEngine::Impl {
       std::lock_guard lock(mu);
       tasks.push_back([&job] { job(); });
     }
-    wake.notify_all();
+    notify();
     return result.get();
   }
 
   void progress_loop();
+  void idle_wait(std::unique_lock<std::mutex>& lock);
+  void notify() {
+    wake.notify_all();
+    const uint64_t one = 1;
+    if (wake_fd >= 0) (void)!::write(wake_fd, &one, sizeof one);
+  }
   void post_queued();                                                    // mu held
   void read_completions(Endpoint& e, size_t index);                      // mu held
   void finish_op(std::unique_ptr<Op> op, const Status& error, int err);  // mu held
@@ -275,19 +298,19 @@ void IoEngine::Impl::progress_loop() {
       task();
       lock.lock();
     }
-    (void)memory_order.load(std::memory_order_acquire);
     post_queued();
     for (size_t i = 0; i < endpoints.size(); ++i) read_completions(*endpoints[i], i);
-    memory_order.fetch_add(1, std::memory_order_release);
     const auto now = Clock::now();
     for (auto& e : endpoints) {
       if (e->inbound == nullptr) continue;
+      (void)memory_order.load(std::memory_order_acquire);
       const uint64_t seen = fi_cntr_read(e->inbound);
       if (seen != e->inbound_seen) {
         e->inbound_seen = seen;
         hot_until = now + kHotWindow;
       }
     }
+    memory_order.fetch_add(1, std::memory_order_release);  // what this round copied in
     if (now >= next_deadline_check) {
       next_deadline_check = now + std::chrono::milliseconds(10);
       for (auto& [id, t] : transfers) {
@@ -299,13 +322,36 @@ void IoEngine::Impl::progress_loop() {
       }
     }
     if (to_post.empty() && posted.empty() && tasks.empty() && now >= hot_until) {
-      wake.wait_for(lock, kIdleTick);
+      idle_wait(lock);
     } else if (tasks.empty()) {
       lock.unlock();
       std::this_thread::yield();
       lock.lock();
     }
   }
+}
+
+// Sleeps until a CQ's file descriptor or wake_fd says there is work, or
+// kIdleTick passes when a provider has no descriptor (mu held on entry/exit).
+void IoEngine::Impl::idle_wait(std::unique_lock<std::mutex>& lock) {
+  std::vector<pollfd> fds = {{wake_fd, POLLIN, 0}};
+  bool all_waitable = wake_fd >= 0;
+  for (auto& e : endpoints) {
+    if (e->wait_fd < 0) {
+      all_waitable = false;
+      continue;
+    }
+    fid* cq = &e->cq->fid;
+    // Only when nothing is pending in the provider may we block on its fd.
+    if (fi_trywait(e->fabric, &cq, 1) != FI_SUCCESS) return;
+    fds.push_back({e->wait_fd, POLLIN, 0});
+  }
+  const int timeout_ms = all_waitable ? 100 : static_cast<int>(kIdleTick.count());
+  lock.unlock();
+  ::poll(fds.data(), fds.size(), std::max(timeout_ms, 1));
+  uint64_t count;
+  if (fds[0].revents & POLLIN) (void)!::read(wake_fd, &count, sizeof count);
+  lock.lock();
 }
 
 void IoEngine::Impl::post_queued() {
@@ -353,6 +399,9 @@ void IoEngine::Impl::read_completions(Endpoint& e, size_t index) {
   (void)index;
   fi_cq_data_entry entries[64];
   while (true) {
+    // The provider may copy peers' bytes into our memory in this call: after
+    // every access of ours that release_to_peers() published.
+    (void)memory_order.load(std::memory_order_acquire);
     const ssize_t n = fi_cq_read(e.cq, entries, 64);
     if (n == -FI_EAGAIN) return;
     if (n == -FI_EAVAIL) {
@@ -547,6 +596,7 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
   impl->desc.key = config.key;
   impl->desc.nonce = nonce;
   impl->desc.host_identity = impl->host_identity;
+  impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   Impl* raw = impl.get();
   impl->progress = std::thread([raw] { raw->progress_loop(); });
   return std::unique_ptr<IoEngine>(new IoEngine(std::move(impl)));
@@ -750,7 +800,7 @@ Status IoEngine::Impl::submit(const Session&, bool read, std::span<const uint64_
     t.outstanding = ops.size();
     for (auto& op : ops) to_post.push_back(std::move(op));
   }
-  wake.notify_all();
+  notify();
   return Status::ok();
 }
 

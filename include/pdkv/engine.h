@@ -48,7 +48,10 @@ enum class Role : uint8_t { kPrefill, kDecode };
 // there. The decode rank decides per (room, source): kOn always, kAuto when a
 // route's average fragment is under 4 KiB, kOff never. Needs staging_bytes
 // on both sides; without room in a pool, a route goes direct.
-enum class Staging : uint8_t { kOff, kOn, kAuto };
+// kNaive is a benchmark baseline, not a choice for production: no staging and
+// no coalescing, one write per (layer, token, K/V) fragment (per head too in
+// hnd), the per-token slicing of stacks without a planner.
+enum class Staging : uint8_t { kOff, kOn, kAuto, kNaive };
 
 struct Timeouts {
   // Finding the peer engine's topology (all its ranks registered).

@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   const std::vector<pdkv::cli::Command> commands = {
       pdkv::cli::add_plan_command(app),    pdkv::cli::add_bootstrap_command(app),
       pdkv::cli::add_prefill_command(app), pdkv::cli::add_decode_command(app),
-      pdkv::cli::add_run_command(app),
+      pdkv::cli::add_run_command(app),     pdkv::cli::add_bench_command(app),
   };
 
   try {

@@ -24,15 +24,19 @@ void add_shape_flags(CLI::App& cmd, worker::Shape& s) {
       ->capture_default_str()
       ->check(CLI::IsMember({"nhd", "hnd"}));
   cmd.add_flag("--mla", s.mla, "MLA cache: one latent vector per token");
-  cmd.add_option("--staging", s.staging, "Gather small fragments into staging buffers")
+  cmd.add_option("--staging", s.staging,
+                 "Gather small fragments into staging buffers: on, off, auto; naive = one write "
+                 "per token, no coalescing (a benchmark baseline)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"on", "off", "auto"}));
+      ->check(CLI::IsMember({"on", "off", "auto", "naive"}));
   cmd.add_option("--requests", s.requests, "Requests to transfer")->capture_default_str();
   cmd.add_option("--tokens", s.tokens, "Tokens per request")->capture_default_str();
   cmd.add_option("--chunks", s.chunks, "send() calls per request (chunked prefill)")
       ->capture_default_str();
   cmd.add_option("--window", s.window, "Requests in flight per rank")->capture_default_str();
   cmd.add_option("--aux-bytes", s.aux_bytes, "Aux data bytes per request")->capture_default_str();
+  cmd.add_flag("!--no-verify", s.verify,
+               "Benchmark mode: neither write nor check the pattern (bytes still move)");
 }
 
 std::vector<std::string> shape_arguments(const worker::Shape& s) {
@@ -52,6 +56,7 @@ std::vector<std::string> shape_arguments(const worker::Shape& s) {
                                 "--window",      std::to_string(s.window),
                                 "--aux-bytes",   std::to_string(s.aux_bytes)};
   if (s.mla) a.push_back("--mla");
+  if (!s.verify) a.push_back("--no-verify");
   for (const auto& option : s.backend_options) {
     a.push_back("--backend-opt");
     a.push_back(option);

@@ -247,7 +247,8 @@ Result<TransferPlan> EngineCore::staging_plan(const Source& source,
 }
 
 void EngineCore::reserve_staging(const DecodeRoom& room, Source& source) {
-  if (config_.staging == Staging::kOff || config_.staging_bytes == 0 || !source.link.kv ||
+  if (config_.staging == Staging::kOff || config_.staging == Staging::kNaive ||
+      config_.staging_bytes == 0 || !source.link.kv ||
       source.rank.staging_bytes() == 0 ||
       uint64_t(room.metadata->dst_pages_size()) > source.rank.kv_spec().num_pages()) {
     return;

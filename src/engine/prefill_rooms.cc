@@ -396,9 +396,16 @@ Status EngineCore::post_writes(PrefillRoom& room, Destination& dest) {
     ops.reserve(plan.fragment_count());
     if (dest.pages_written == 0) ++stats_.direct_routes;
     const RegionKey remote_first = dest.rank.kv_region_first();
+    // Naive: cut every fragment into one token's bytes of this segment.
+    const bool per_head = !config_.kv.mla && config_.kv.layout == Layout::kHnd;
+    const uint64_t piece = config_.staging == Staging::kNaive
+                               ? config_.kv.head_bytes() * (per_head ? 1 : dest.link.kv->heads.count)
+                               : UINT64_MAX;
     plan.for_each([&](const Fragment& f) {
-      ops.push_back({kv_keys_[f.src_buffer], f.src_offset, remote_first + f.dst_buffer,
-                     f.dst_offset, f.length});
+      for (uint64_t at = 0; at < f.length; at += piece) {
+        ops.push_back({kv_keys_[f.src_buffer], f.src_offset + at, remote_first + f.dst_buffer,
+                       f.dst_offset + at, std::min(piece, f.length - at)});
+      }
     });
   }
   if (extras_due) {

@@ -38,6 +38,7 @@ struct Shape {
   uint32_t window = 4;  // requests in flight per rank
   uint32_t aux_bytes = 16;
   std::string prefill_engine = "prefill", decode_engine = "decode";
+  bool verify = true;  // false: benchmark mode, no pattern written or checked
 
   uint64_t pages_per_request() const { return (tokens + page_size - 1) / page_size; }
   // Ok, or the flag and value that cannot work.
@@ -56,7 +57,9 @@ struct WorkerArgs {
 
 // Runs every request on this rank and returns its summary:
 // {"role","rank","requests","succeeded","failed","verified","bytes",
-//  "start_ms","end_ms","latencies_ms":[...],"failed_rooms":[...],"errors":[...]}.
+//  "start_ms","end_ms","latencies_ms":[...],"failed_rooms":[...],"errors":[...],
+//  "events_us":[[room, epoch µs], ...]}: on prefill ranks when the room's last
+//  send() was made, on decode ranks when it succeeded.
 // `progress(done)` is called after each finished request, `summary` with the
 // summary once every request ended, before the engine shuts down.
 Result<nlohmann::json> run_worker(const WorkerArgs& args,

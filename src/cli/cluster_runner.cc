@@ -1,0 +1,294 @@
+// Runs one local cluster for `pdkv run` and `pdkv bench`: starts `pdkv
+// bootstrap`, P prefill and D decode ranks as processes on loopback, follows
+// their progress, and collects every worker's summary. A worker that dies
+// ends the run within moments, naming the rank.
+#include "cli/cluster_runner.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "cli/shape_flags.h"
+
+extern char** environ;
+
+namespace pdkv::cli {
+namespace {
+
+// One child process with its stdout on a pipe, read line by line.
+struct Child {
+  std::string name;  // "prefill rank 1"
+  pid_t pid = -1;
+  int out = -1;
+  std::string buffer;
+  uint64_t progress = 0;
+  std::optional<nlohmann::json> summary;
+  bool exited = false;
+  int status = 0;
+};
+
+std::string self_exe() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  return n > 0 ? std::string(path, n) : "pdkv";
+}
+
+Status spawn(Child& c, const std::vector<std::string>& args) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return Status::internal("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const int rc = posix_spawn(&c.pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return Status::internal(fmt::format("cannot start {}: {}", c.name, strerror(rc)));
+  }
+  c.out = fds[0];
+  return Status::ok();
+}
+
+// Reads what the child wrote; returns complete lines.
+std::vector<std::string> read_lines(Child& c) {
+  std::vector<std::string> lines;
+  char buf[4096];
+  const ssize_t n = read(c.out, buf, sizeof buf);
+  if (n <= 0) {
+    close(c.out);
+    c.out = -1;
+    return lines;
+  }
+  c.buffer.append(buf, n);
+  size_t nl;
+  while ((nl = c.buffer.find('\n')) != std::string::npos) {
+    lines.push_back(c.buffer.substr(0, nl));
+    c.buffer.erase(0, nl + 1);
+  }
+  return lines;
+}
+
+std::string exit_text(int status) {
+  if (WIFSIGNALED(status))
+    return fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return fmt::format("exited with status {}", WEXITSTATUS(status));
+}
+
+void stop_all(std::vector<Child>& children) {
+  for (auto& c : children) {
+    if (!c.exited && c.pid > 0) kill(c.pid, SIGKILL);
+  }
+  for (auto& c : children) {
+    if (!c.exited && c.pid > 0) waitpid(c.pid, &c.status, 0);
+    c.exited = true;
+  }
+}
+
+}  // namespace
+
+ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
+                           const std::function<void(uint64_t)>& progress) {
+  const std::string exe = self_exe();
+  // Workers and bootstrap speak up only for warnings, unless the user set a level.
+  setenv("SPDLOG_LEVEL", "warn", /*overwrite=*/0);
+  std::vector<Child> children;
+  Child bootstrap;
+  bootstrap.name = "bootstrap";
+  if (Status st = spawn(bootstrap, {exe, "bootstrap", "--host", "127.0.0.1", "--port", "0"});
+      !st.is_ok()) {
+    return {{}, st.message()};
+  }
+  // Its first line names the port it bound.
+  std::string address;
+  while (address.empty() && bootstrap.out >= 0) {
+    for (const auto& line : read_lines(bootstrap)) {
+      const auto at = line.rfind(' ');
+      if (line.rfind("pdkv bootstrap listening on ", 0) == 0 && at != std::string::npos) {
+        address = line.substr(at + 1);
+      }
+    }
+  }
+  children.push_back(std::move(bootstrap));
+  if (address.empty()) {
+    stop_all(children);
+    return {{}, "the bootstrap service did not start"};
+  }
+  for (int side = 0; side < 2; ++side) {
+    const bool prefill = side == 0;
+    for (uint32_t r = 0; r < (prefill ? s.prefill_tp : s.decode_tp); ++r) {
+      Child c;
+      c.name = fmt::format("{} rank {}", prefill ? "prefill" : "decode", r);
+      std::vector<std::string> args = {exe, prefill ? "prefill" : "decode"};
+      for (auto& a : shape_arguments(s)) args.push_back(a);
+      for (auto a :
+           {std::string("--tp-rank"), std::to_string(r), std::string("--bootstrap"), address}) {
+        args.push_back(a);
+      }
+      if (Status st = spawn(c, args); !st.is_ok()) {
+        stop_all(children);
+        return {{}, st.message()};
+      }
+      children.push_back(std::move(c));
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  uint64_t shown = 0;
+  std::optional<std::chrono::steady_clock::time_point> reported_at;
+  std::string failure;
+  while (failure.empty()) {
+    bool workers_left = false;
+    std::vector<pollfd> fds;
+    std::vector<Child*> owners;
+    for (size_t i = 1; i < children.size(); ++i) {
+      Child& c = children[i];
+      if (c.out >= 0) {
+        fds.push_back({c.out, POLLIN, 0});
+        owners.push_back(&c);
+      }
+      workers_left |= !c.exited;
+    }
+    if (!workers_left) break;
+    ::poll(fds.data(), fds.size(), 100);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      for (const auto& line : read_lines(*owners[i])) {
+        if (line.rfind("progress ", 0) == 0) {
+          owners[i]->progress = std::stoull(line.substr(9));
+        } else if (!line.empty() && line[0] == '{') {
+          owners[i]->summary = nlohmann::json::parse(line, nullptr, false);
+        }
+      }
+    }
+    // Every worker has reported: allow a few seconds to exit, then stop the
+    // stragglers (their outcome is in), saying who lingered.
+    bool all_reported = true;
+    for (size_t i = 1; i < children.size(); ++i) all_reported &= children[i].summary.has_value();
+    if (all_reported && !reported_at) reported_at = std::chrono::steady_clock::now();
+    if (reported_at && std::chrono::steady_clock::now() - *reported_at > std::chrono::seconds(5)) {
+      for (size_t i = 1; i < children.size(); ++i) {
+        if (children[i].exited) continue;
+        std::fprintf(stderr, "pdkv: %s (pid %d) reported but did not exit; stopped it\n",
+                     children[i].name.c_str(), children[i].pid);
+        kill(children[i].pid, SIGKILL);
+        waitpid(children[i].pid, &children[i].status, 0);
+        children[i].exited = true;
+      }
+      break;
+    }
+    for (size_t i = 1; i < children.size(); ++i) {
+      Child& c = children[i];
+      if (c.exited || waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
+      c.exited = true;
+      // A worker that ends without its summary died: the run is over.
+      while (c.out >= 0) {
+        for (const auto& line : read_lines(c)) {
+          if (!line.empty() && line[0] == '{')
+            c.summary = nlohmann::json::parse(line, nullptr, false);
+        }
+      }
+      if (!c.summary || c.summary->is_discarded()) {
+        failure = fmt::format("{} (pid {}) died: {}", c.name, c.pid, exit_text(c.status));
+      }
+    }
+    uint64_t done = s.requests;
+    for (size_t i = 1; i < children.size(); ++i) {
+      if (children[i].name.rfind("decode", 0) == 0) done = std::min(done, children[i].progress);
+    }
+    if (done != shown) {
+      shown = done;
+      if (progress) progress(done);
+    }
+    if (failure.empty() && std::chrono::steady_clock::now() > deadline) {
+      failure =
+          fmt::format("timed out after {} s with {}/{} requests done", timeout_s, done, s.requests);
+    }
+  }
+  stop_all(children);  // the bootstrap service, and workers still up after a failure
+  ClusterOutcome outcome;
+  outcome.failure = failure;
+  if (failure.empty()) {
+    for (size_t i = 1; i < children.size(); ++i) outcome.summaries.push_back(*children[i].summary);
+  }
+  return outcome;
+}
+
+nlohmann::ordered_json summarize(const worker::Shape& s,
+                                 const std::vector<nlohmann::json>& summaries) {
+  std::set<uint64_t> failed;
+  std::map<uint64_t, int64_t> sent_us, done_us;  // by room: the latest rank's event
+  uint64_t bytes = 0, staged = 0, direct = 0;
+  bool verified = true;
+  std::vector<std::string> errors;
+  for (const auto& j : summaries) {
+    const bool prefill = j["role"] == "prefill";
+    for (uint64_t r : j["failed_rooms"]) failed.insert(r);
+    for (const auto& e : j["errors"]) {
+      errors.push_back(fmt::format("{} rank {}: {}", j["role"].get<std::string>(),
+                                   j["rank"].get<uint32_t>(), e.get<std::string>()));
+    }
+    verified &= j["verified"].get<bool>();
+    auto& events = prefill ? sent_us : done_us;
+    for (const auto& e : j["events_us"]) {
+      int64_t& t = events[e[0].get<uint64_t>()];
+      t = std::max(t, e[1].get<int64_t>());
+    }
+    if (prefill) {
+      staged += j["staged_routes"].get<uint64_t>();
+      direct += j["direct_routes"].get<uint64_t>();
+    } else {
+      bytes += j["bytes"].get<uint64_t>();
+    }
+  }
+  std::vector<double> latencies;
+  int64_t first = INT64_MAX, last = 0;
+  for (const auto& [room, done] : done_us) {
+    auto sent = sent_us.find(room);
+    if (sent == sent_us.end() || failed.count(room)) continue;
+    latencies.push_back((done - sent->second) / 1000.0);
+    first = std::min(first, sent->second);
+    last = std::max(last, done);
+  }
+  const double seconds = latencies.empty() ? 0 : std::max<int64_t>(1, last - first) / 1e6;
+  nlohmann::ordered_json out;
+  out["verified"] = verified && failed.empty();
+  out["requests"] = s.requests;
+  out["failed"] = failed.size();
+  out["bytes"] = bytes;
+  out["seconds"] = seconds;
+  out["gbps"] = seconds > 0 ? bytes / seconds / 1e9 : 0.0;
+  out["requests_per_s"] = seconds > 0 ? latencies.size() / seconds : 0.0;
+  out["p50_ms"] = percentile(latencies, 0.5);
+  out["p99_ms"] = percentile(latencies, 0.99);
+  out["staged_routes"] = staged;
+  out["direct_routes"] = direct;
+  out["backend"] = s.backend;
+  out["prefill_tp"] = s.prefill_tp;
+  out["decode_tp"] = s.decode_tp;
+  out["errors"] = errors;
+  return out;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+}  // namespace pdkv::cli

@@ -1,0 +1,84 @@
+// `pdkv bench` as a user runs it. The smoke run (--quick) over every backend
+// variant of this build; the byte counts it reports, derived here by hand;
+// its CSV and plot; and refusal of bad input. No timing is asserted: ratios
+// only have to exist and be positive.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "support/run_command.h"
+
+namespace {
+
+using pdkv::testing::run_command;
+
+// llama3-8b: 32 layers x (K, V) x 8 heads x 128 x 2 bytes per token, summed
+// over the decode ranks (each holds its heads once).
+constexpr uint64_t kBytesPerToken = 32 * 2 * 8 * 128 * 2;
+
+TEST(BenchCli, QuickRunReportsEveryScenarioWithRatios) {
+  const std::string csv = ::testing::TempDir() + "bench_quick.csv";
+  const auto r = run_command(std::string(PDKV_BIN) + " bench --quick --json --csv " + csv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& base = j["baselines"];
+  ASSERT_FALSE(base["memcpy_gbps"].empty());
+  for (const auto& [bytes, gbps] : base["memcpy_gbps"].items()) EXPECT_GT(gbps.get<double>(), 0);
+  // Debian's ucx-utils and iperf3 are installed by install-deps.sh: both ran.
+  EXPECT_GT(base["ucx_put_4mib_gbps"].get<double>(), 0) << base.dump();
+  EXPECT_GT(base["iperf3_gbps"].get<double>(), 0) << base.dump();
+
+  const auto& rows = j["scenarios"];
+  ASSERT_EQ(rows.size() % 4, 0u);  // four scenarios per backend variant
+  std::set<std::string> variants;
+  for (const auto& row : rows) {
+    SCOPED_TRACE(row.dump());
+    ASSERT_FALSE(row.contains("error"));
+    variants.insert(row["backend"]);
+    EXPECT_EQ(row["failed"], 0);
+    EXPECT_GT(row["gbps"].get<double>(), 0);
+    EXPECT_GT(row["x_memcpy"].get<double>(), 0);
+    const uint64_t tokens = row["tokens"];
+    // Requests per scenario, as the bench sizes them for --quick: one page
+    // x 30; 256 tokens: window 4 (32 MiB a request) x 2, naive x 1.
+    const uint64_t requests = tokens == 16 ? 30 : row["staging"] == "naive" ? 4 : 8;
+    EXPECT_EQ(row["bytes"].get<uint64_t>(), requests * tokens * kBytesPerToken);
+    if (row["pair"] == "2->4" && row["staging"] == "on") {
+      EXPECT_GT(row["x_naive"].get<double>(), 0);
+      EXPECT_GT(row["x_equal_tp"].get<double>(), 0);
+    }
+    const bool tcp = row["backend"].get<std::string>().ends_with("-tcp");
+    EXPECT_EQ(row["x_iperf3"].is_null(), !tcp);
+    EXPECT_EQ(row["x_ucx_put"].is_null(), row["backend"] != "nixl");
+  }
+  EXPECT_TRUE(variants.count("mooncake") && variants.count("mooncake-tcp"));
+  std::ifstream in(csv);
+  std::string line;
+  size_t lines = 0;
+  while (std::getline(in, line)) ++lines;
+  EXPECT_EQ(lines, rows.size() + 1);  // a header, then a line per scenario
+}
+
+TEST(BenchCli, PlotIsAPng) {
+  const std::string png = ::testing::TempDir() + "bench_quick.png";
+  std::remove(png.c_str());
+  const auto r =
+      run_command(std::string(PDKV_BIN) + " bench --quick --backends mooncake --plot " + png);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("mooncake"), std::string::npos) << r.out;  // the table
+  std::ifstream in(png, std::ios::binary);
+  char magic[8] = {};
+  in.read(magic, sizeof magic);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+TEST(BenchCli, RefusesUnknownBackendsWithExitTwo) {
+  const auto r = run_command(std::string(PDKV_BIN) + " bench --quick --backends carrier-pigeon");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("carrier-pigeon"), std::string::npos) << r.err;
+}
+
+}  // namespace
