@@ -232,11 +232,6 @@ struct IoEngine::Impl {
   std::map<uint32_t, std::string> nonces;     // peer nonce -> engine key
   std::set<TransferId> inbound;               // landed, not yet popped
   PeerFailureCallback on_failure;
-  // Providers copy peers' bytes into our memory on the progress thread (shm
-  // inline writes, tcp): it acquires this before each provider call that may
-  // do so and releases it after each round; acquire_remote_writes() and
-  // release_to_peers() pair with that.
-  std::atomic<uint64_t> memory_order{0};
   std::thread progress;
 
   ~Impl() {
@@ -303,14 +298,12 @@ void IoEngine::Impl::progress_loop() {
     const auto now = Clock::now();
     for (auto& e : endpoints) {
       if (e->inbound == nullptr) continue;
-      (void)memory_order.load(std::memory_order_acquire);
       const uint64_t seen = fi_cntr_read(e->inbound);
       if (seen != e->inbound_seen) {
         e->inbound_seen = seen;
         hot_until = now + kHotWindow;
       }
     }
-    memory_order.fetch_add(1, std::memory_order_release);  // what this round copied in
     if (now >= next_deadline_check) {
       next_deadline_check = now + std::chrono::milliseconds(10);
       for (auto& [id, t] : transfers) {
@@ -399,9 +392,6 @@ void IoEngine::Impl::read_completions(Endpoint& e, size_t index) {
   (void)index;
   fi_cq_data_entry entries[64];
   while (true) {
-    // The provider may copy peers' bytes into our memory in this call: after
-    // every access of ours that release_to_peers() published.
-    (void)memory_order.load(std::memory_order_acquire);
     const ssize_t n = fi_cq_read(e.cq, entries, 64);
     if (n == -FI_EAGAIN) return;
     if (n == -FI_EAVAIL) {
@@ -836,11 +826,15 @@ void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
   }
 }
 
-void IoEngine::acquire_inbound_writes() const {
-  (void)impl_->memory_order.load(std::memory_order_acquire);
-}
+// Providers copy peers' bytes into our memory inside the progress thread's
+// provider calls (shm inline writes, tcp), always under mu. Taking mu orders
+// the caller after the round that moved bytes it learnt of, and before the
+// rounds that will move bytes into memory it touched. (An atomic flag would
+// not do: a provider may acknowledge bytes inside a call, before any
+// release that follows it.)
+void IoEngine::acquire_inbound_writes() const { std::lock_guard lock(impl_->mu); }
 
-void IoEngine::release_to_peers() { impl_->memory_order.fetch_add(1, std::memory_order_release); }
+void IoEngine::release_to_peers() { std::lock_guard lock(impl_->mu); }
 
 void IoEngine::set_peer_failure_callback(PeerFailureCallback callback) {
   std::lock_guard lock(impl_->mu);
