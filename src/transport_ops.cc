@@ -1,9 +1,13 @@
 // Checks shared by every transport backend.
 #include <fmt/format.h>
 
+#include <charconv>
+
 #include "pdkv/transport.h"
 
 namespace pdkv {
+
+namespace {
 
 Status check_op_bounds(std::string_view verb, size_t index, const WriteOp& op,
                        std::span<const uint64_t> local_lengths,
@@ -29,6 +33,29 @@ Status check_op_bounds(std::string_view verb, size_t index, const WriteOp& op,
     return Status::out_of_range(fmt::format(
         "{} {}: remote bytes [{}, {}) outside remote region {} of {} bytes", verb, index,
         op.remote_offset, op.remote_offset + op.length, op.remote_region, remote_len));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<uint64_t> parse_option_number(std::string_view backend, const std::string& key,
+                                     const std::string& value, uint64_t min, uint64_t max) {
+  uint64_t n = 0;
+  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc() || ptr != value.data() + value.size() || value.empty() || n < min ||
+      n > max) {
+    return Status::invalid_argument(fmt::format(
+        "{} option {}={}: expected a whole number in [{}, {}]", backend, key, value, min, max));
+  }
+  return n;
+}
+
+Status check_ops_bounds(std::string_view verb, std::span<const WriteOp> ops,
+                        std::span<const uint64_t> local_lengths,
+                        std::span<const uint64_t> remote_lengths) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    PDKV_RETURN_IF_ERROR(check_op_bounds(verb, i, ops[i], local_lengths, remote_lengths));
   }
   return Status::ok();
 }

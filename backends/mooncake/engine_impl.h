@@ -106,7 +106,9 @@ class Peer {
   // Loop thread only, from here on.
   void start(bool same_host, int pidfd);
   void dispatch(Slices slices);
-  void post_dispatch(SlicePtr slice);  // any thread
+  // dispatch() on this peer's loop; any thread.
+  void post_dispatch(Slices slices);
+  void post_dispatch(SlicePtr slice);
   void rail_failed(Rail& rail, Slices slices);
   // The peer is gone: everything fails, once. `noticed_here` as for
   // Impl::segment_failed.
@@ -116,7 +118,9 @@ class Peer {
  private:
   class ExitWatch;
   Rail* pick_rail();
-  bool unreachable() const;
+  // Fails the peer when every rail failed to connect or was refused;
+  // returns whether it did.
+  bool fail_if_unreachable();
   std::string rails_report() const;
   void drain_same_host();
   void fall_back_to_tcp(const std::string& why);

@@ -3,8 +3,6 @@
 // peer an open segment, a batch one engine batch with a request per op.
 #include <fmt/format.h>
 
-#include <charconv>
-
 #include "pdkv/transport.h"
 #include "transfer_engine.h"
 
@@ -22,16 +20,10 @@ std::vector<std::string> split_list(const std::string& text) {
   return items;
 }
 
+// The shared parser, naming this backend in its errors.
 Result<uint64_t> parse_number(const std::string& key, const std::string& value, uint64_t min,
                               uint64_t max) {
-  uint64_t n = 0;
-  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-  if (ec != std::errc() || ptr != value.data() + value.size() || value.empty() || n < min ||
-      n > max) {
-    return Status::invalid_argument(fmt::format(
-        "mooncake option {}={}: expected a whole number in [{}, {}]", key, value, min, max));
-  }
-  return n;
+  return parse_option_number("mooncake", key, value, min, max);
 }
 
 constexpr std::string_view kOptions =
@@ -156,10 +148,9 @@ class MooncakeTransport final : public Transport {
       std::lock_guard lock(mu_);
       for (const auto& r : regions_) local_lengths.push_back(r.length);
       for (const auto& b : remote) remote_lengths.push_back(b.length);
-      const char* verb = opcode == Opcode::kWrite ? "write" : "read";
-      for (size_t i = 0; i < ops.size(); ++i) {
-        PDKV_RETURN_IF_ERROR(check_op_bounds(verb, i, ops[i], local_lengths, remote_lengths));
-        const WriteOp& op = ops[i];
+      PDKV_RETURN_IF_ERROR(check_ops_bounds(opcode == Opcode::kWrite ? "write" : "read", ops,
+                                            local_lengths, remote_lengths));
+      for (const WriteOp& op : ops) {
         requests.push_back({opcode,
                             static_cast<char*>(regions_[op.local_region].base) + op.local_offset,
                             peer, remote[op.remote_region].base + op.remote_offset, op.length});

@@ -89,10 +89,16 @@ Rail* Peer::pick_rail() {
   return least_loaded();
 }
 
-bool Peer::unreachable() const {
-  return std::all_of(rails_.begin(), rails_.end(), [](const auto& r) {
+bool Peer::fail_if_unreachable() {
+  // Every rail failed to connect, or was refused: nobody is there.
+  const bool nobody = std::all_of(rails_.begin(), rails_.end(), [](const auto& r) {
     return r->state() == Rail::State::kDown && r->failed_connecting();
   });
+  if (nobody) {
+    fail(Status::unavailable(
+        fmt::format("segment {} unreachable on every rail: {}", desc_.name, rails_report())));
+  }
+  return nobody;
 }
 
 std::string Peer::rails_report() const {
@@ -130,9 +136,7 @@ void Peer::dispatch(Slices slices) {
   for (auto& s : slices) {
     Rail* rail = pick_rail();
     if (rail == nullptr) {
-      if (unreachable()) {
-        fail(Status::unavailable(
-            fmt::format("segment {} unreachable on every rail: {}", desc_.name, rails_report())));
+      if (fail_if_unreachable()) {
         core_.fail(*s, TransferState::kFailed, failure_);
       } else {
         core_.fail(*s, TransferState::kFailed,
@@ -145,12 +149,16 @@ void Peer::dispatch(Slices slices) {
   }
 }
 
+void Peer::post_dispatch(Slices slices) {
+  // std::function needs a copyable task: the slices travel behind a shared_ptr.
+  loop_.loop.post(
+      [this, s = std::make_shared<Slices>(std::move(slices))] { dispatch(std::move(*s)); });
+}
+
 void Peer::post_dispatch(SlicePtr slice) {
-  loop_.loop.post([this, s = std::make_shared<SlicePtr>(std::move(slice))] {
-    Slices one;
-    one.push_back(std::move(*s));
-    dispatch(std::move(one));
-  });
+  Slices one;
+  one.push_back(std::move(slice));
+  post_dispatch(std::move(one));
 }
 
 void Peer::rail_failed(Rail& rail, Slices slices) {
@@ -160,9 +168,7 @@ void Peer::rail_failed(Rail& rail, Slices slices) {
             desc_.name, rail.last_failure().message(),
             slices.empty() ? "" : fmt::format("; {} slices move", slices.size()));
   if (!failure_.is_ok()) return;
-  if (unreachable()) {  // every rail failed to connect, or was refused: nobody is there
-    fail(Status::unavailable(
-        fmt::format("segment {} unreachable on every rail: {}", desc_.name, rails_report())));
+  if (fail_if_unreachable()) {
     for (auto& s : slices) core_.fail(*s, TransferState::kFailed, failure_);
     return;
   }

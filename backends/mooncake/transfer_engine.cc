@@ -377,11 +377,7 @@ Status TransferEngine::submit_transfer(BatchId batch_id,
       }
     }
   }
-  for (auto& [peer, slices] : by_peer) {
-    peer->loop().loop.post([peer, s = std::make_shared<Slices>(std::move(slices))]() mutable {
-      peer->dispatch(std::move(*s));
-    });
-  }
+  for (auto& [peer, slices] : by_peer) peer->post_dispatch(std::move(slices));
   return Status::ok();
 }
 

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <poll.h>
 #include <rdma/fabric.h>
-#include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
@@ -14,8 +13,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <future>
 #include <map>
@@ -24,7 +21,7 @@
 #include <set>
 #include <thread>
 
-#include "byte_codec.h"
+#include "fabric_endpoint.h"
 #include "host_identity.h"
 #include "log.h"
 
@@ -33,18 +30,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr std::string_view kMagic = "pdkv-mori-1";
-constexpr uint64_t kMaxEntries = 1 << 20;
 // Idle, the progress thread still reads the completion queues this often:
 // manual-progress providers move inbound data only when polled.
 constexpr auto kIdleTick = std::chrono::milliseconds(1);
 // After peers' traffic was last seen, the thread keeps polling without
 // sleeping this long: on shm every small write waits for the target's poll.
 constexpr auto kHotWindow = std::chrono::milliseconds(5);
-
-Status ofi_error(const std::string& what, int rc) {
-  return Status::internal(fmt::format("{}: {}", what, fi_strerror(rc < 0 ? -rc : rc)));
-}
 
 // Errors that mean the peer is gone (or cannot be reached), not a bad request.
 bool peer_is_gone(int err) {
@@ -62,119 +53,6 @@ bool peer_is_gone(int err) {
       return false;
   }
 }
-
-// One libfabric provider's objects: fabric, domain, RDM endpoint, address
-// vector and completion queue. Touched only on the progress thread once the
-// engine runs.
-struct Endpoint {
-  std::string provider;
-  fi_info* info = nullptr;
-  fid_fabric* fabric = nullptr;
-  fid_domain* domain = nullptr;
-  fid_ep* ep = nullptr;
-  fid_av* av = nullptr;
-  fid_cq* cq = nullptr;
-  fid_cntr* inbound = nullptr;  // counts peers' writes and reads here (with FI_RMA_EVENT)
-  int wait_fd = -1;             // the CQ's, when the provider has one
-  uint64_t inbound_seen = 0;
-  std::string address;
-  bool virt_addr = false;    // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
-  bool prov_key = false;     // FI_MR_PROV_KEY: the provider chooses keys
-  bool endpoint_mr = false;  // FI_MR_ENDPOINT: bind each MR to the endpoint
-  uint64_t next_key = 1;
-
-  ~Endpoint() {
-    if (ep) fi_close(&ep->fid);
-    if (inbound) fi_close(&inbound->fid);
-    if (av) fi_close(&av->fid);
-    if (cq) fi_close(&cq->fid);
-    if (domain) fi_close(&domain->fid);
-    if (fabric) fi_close(&fabric->fid);
-    if (info) fi_freeinfo(info);
-  }
-
-  // With FI_RMA_EVENT where the provider has it (a counter of inbound
-  // accesses tells the progress thread that peers are busy here), else without.
-  Status open(const std::string& name) {
-    provider = name;
-    Status with_events = get_info(name, FI_RMA_EVENT);
-    if (!with_events.is_ok()) PDKV_RETURN_IF_ERROR(get_info(name, 0));
-    return open_objects();
-  }
-
-  Status get_info(const std::string& name, uint64_t extra_caps) {
-    fi_info* hints = fi_allocinfo();
-    if (hints == nullptr) return Status::internal("fi_allocinfo failed");
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | extra_caps;
-    hints->mode = FI_CONTEXT | FI_CONTEXT2;
-    hints->domain_attr->mr_mode =
-        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
-    hints->domain_attr->threading = FI_THREAD_DOMAIN;
-    hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
-    hints->fabric_attr->prov_name = strdup(name.c_str());
-    const int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &info);
-    fi_freeinfo(hints);
-    if (rc != 0) return ofi_error(fmt::format("fi_getinfo for provider '{}'", name), rc);
-    return Status::ok();
-  }
-
-  Status open_objects() {
-    const std::string& name = provider;
-    const uint64_t mr_mode = info->domain_attr->mr_mode;
-    virt_addr = mr_mode & FI_MR_VIRT_ADDR;
-    prov_key = mr_mode & FI_MR_PROV_KEY;
-    endpoint_mr = mr_mode & FI_MR_ENDPOINT;
-    if (info->domain_attr->cq_data_size < sizeof(uint64_t)) {
-      return Status::failed_precondition(
-          fmt::format("provider '{}' carries {} bytes of remote CQ data; a transfer id needs 8",
-                      name, info->domain_attr->cq_data_size));
-    }
-    int r;
-    if ((r = fi_fabric(info->fabric_attr, &fabric, nullptr)) != 0) return ofi_error("fi_fabric", r);
-    if ((r = fi_domain(fabric, info, &domain, nullptr)) != 0) return ofi_error("fi_domain", r);
-    // A CQ with a file descriptor lets the idle progress thread sleep until
-    // peers' traffic arrives (tcp;ofi_rxm needs our polls to move it);
-    // providers without one are polled every kIdleTick.
-    fi_cq_attr cq_attr{};
-    cq_attr.format = FI_CQ_FORMAT_DATA;
-    cq_attr.wait_obj = FI_WAIT_FD;
-    if (fi_cq_open(domain, &cq_attr, &cq, nullptr) != 0 ||
-        fi_control(&cq->fid, FI_GETWAIT, &wait_fd) != 0) {
-      if (cq) fi_close(&cq->fid);
-      cq = nullptr;
-      wait_fd = -1;
-      cq_attr.wait_obj = FI_WAIT_NONE;
-      if ((r = fi_cq_open(domain, &cq_attr, &cq, nullptr)) != 0) return ofi_error("fi_cq_open", r);
-    }
-    fi_av_attr av_attr{};
-    av_attr.type = FI_AV_UNSPEC;
-    if ((r = fi_av_open(domain, &av_attr, &av, nullptr)) != 0) return ofi_error("fi_av_open", r);
-    if ((r = fi_endpoint(domain, info, &ep, nullptr)) != 0) return ofi_error("fi_endpoint", r);
-    if ((r = fi_ep_bind(ep, &av->fid, 0)) != 0) return ofi_error("fi_ep_bind(av)", r);
-    if ((r = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0) {
-      return ofi_error("fi_ep_bind(cq)", r);
-    }
-    if (info->caps & FI_RMA_EVENT) {
-      fi_cntr_attr cntr_attr{};
-      cntr_attr.events = FI_CNTR_EVENTS_COMP;
-      cntr_attr.wait_obj = FI_WAIT_NONE;
-      if ((r = fi_cntr_open(domain, &cntr_attr, &inbound, nullptr)) != 0) {
-        return ofi_error("fi_cntr_open", r);
-      }
-      if ((r = fi_ep_bind(ep, &inbound->fid, FI_REMOTE_WRITE | FI_REMOTE_READ)) != 0) {
-        return ofi_error("fi_ep_bind(cntr)", r);
-      }
-    }
-    if ((r = fi_enable(ep)) != 0) return ofi_error("fi_enable", r);
-    size_t len = 0;
-    fi_getname(&ep->fid, nullptr, &len);
-    address.resize(len);
-    if ((r = fi_getname(&ep->fid, address.data(), &len)) != 0) return ofi_error("fi_getname", r);
-    address.resize(len);
-    return Status::ok();
-  }
-};
 
 // One posted (or to be posted) operation. The provider's context comes first
 // (FI_CONTEXT2 mode lets it use that space).
@@ -220,7 +98,6 @@ struct IoEngine::Impl {
   uint32_t next_transfer = 1;
 
   std::mutex mu;
-  std::condition_variable wake;
   int wake_fd = -1;  // eventfd: tasks and submissions wake the idle thread
   bool stopping = false;
   std::deque<std::function<void()>> tasks;
@@ -266,17 +143,16 @@ struct IoEngine::Impl {
   void progress_loop();
   void idle_wait(std::unique_lock<std::mutex>& lock);
   void notify() {
-    wake.notify_all();
     const uint64_t one = 1;
     if (wake_fd >= 0) (void)!::write(wake_fd, &one, sizeof one);
   }
   void post_queued();                                                    // mu held
-  void read_completions(Endpoint& e, size_t index);                      // mu held
+  void read_completions(Endpoint& e);                                    // mu held
   void finish_op(std::unique_ptr<Op> op, const Status& error, int err);  // mu held
   void fail_transfer(Transfer& t, const Status& reason);                 // mu held
   void fail_peer_locked(const std::string& key, const Status& reason,
                         std::vector<std::pair<std::string, Status>>& report);  // mu held
-  Status submit(const Session& s, bool read, std::span<const uint64_t> local_offsets,
+  Status submit(bool read, std::span<const uint64_t> local_offsets,
                 std::span<const uint64_t> remote_offsets, std::span<const uint64_t> sizes,
                 TransferId id, const MemoryDesc& local, const MemoryDesc& remote);
 };
@@ -294,7 +170,7 @@ void IoEngine::Impl::progress_loop() {
       lock.lock();
     }
     post_queued();
-    for (size_t i = 0; i < endpoints.size(); ++i) read_completions(*endpoints[i], i);
+    for (auto& e : endpoints) read_completions(*e);
     const auto now = Clock::now();
     for (auto& e : endpoints) {
       if (e->inbound == nullptr) continue;
@@ -388,8 +264,7 @@ void IoEngine::Impl::post_queued() {
   }
 }
 
-void IoEngine::Impl::read_completions(Endpoint& e, size_t index) {
-  (void)index;
+void IoEngine::Impl::read_completions(Endpoint& e) {
   fi_cq_data_entry entries[64];
   while (true) {
     const ssize_t n = fi_cq_read(e.cq, entries, 64);
@@ -476,74 +351,6 @@ void IoEngine::Impl::fail_peer_locked(const std::string& key, const Status& reas
   }
   report.emplace_back(key, reason);
 }
-
-// ---------------------------------------------------------------- descriptors
-
-std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory) {
-  ByteWriter w;
-  w.bytes(kMagic);
-  w.bytes(engine.key);
-  w.u64(engine.nonce);
-  w.bytes(engine.host_identity);
-  w.u64(engine.endpoints.size());
-  for (const auto& e : engine.endpoints) {
-    w.bytes(e.provider);
-    w.bytes(e.address);
-  }
-  w.u64(memory.size());
-  for (const auto& m : memory) {
-    w.u64(m.id);
-    w.u64(m.base);
-    w.u64(m.length);
-    w.u64(m.keys.size());
-    for (uint64_t k : m.keys) w.u64(k);
-  }
-  return w.take();
-}
-
-Status decode(std::string_view blob, EngineDesc& engine, std::vector<MemoryDesc>& memory) {
-  ByteReader r(blob);
-  std::string_view magic, key, host;
-  uint64_t nonce = 0, endpoints = 0, regions = 0;
-  if (!r.bytes(magic) || magic != kMagic) {
-    return Status::invalid_argument(
-        fmt::format("not a mori engine descriptor ({} bytes): bad magic", blob.size()));
-  }
-  if (!r.bytes(key) || !r.u64(nonce) || nonce > UINT32_MAX || !r.bytes(host) || !r.u64(endpoints) ||
-      endpoints == 0 || endpoints > 16) {
-    return Status::invalid_argument("mori descriptor truncated in its header");
-  }
-  engine = EngineDesc{std::string(key), static_cast<uint32_t>(nonce), std::string(host), {}};
-  for (uint64_t i = 0; i < endpoints; ++i) {
-    std::string_view provider, address;
-    if (!r.bytes(provider) || !r.bytes(address)) {
-      return Status::invalid_argument("mori descriptor truncated in its endpoints");
-    }
-    engine.endpoints.push_back({std::string(provider), std::string(address)});
-  }
-  if (!r.u64(regions) || regions > kMaxEntries) {
-    return Status::invalid_argument("mori descriptor truncated before its memory");
-  }
-  memory.clear();
-  for (uint64_t i = 0; i < regions; ++i) {
-    MemoryDesc m;
-    m.engine_key = engine.key;
-    uint64_t id = 0, keys = 0;
-    if (!r.u64(id) || !r.u64(m.base) || !r.u64(m.length) || !r.u64(keys) || keys != endpoints) {
-      return Status::invalid_argument("mori descriptor truncated in its memory");
-    }
-    m.id = static_cast<uint32_t>(id);
-    m.keys.resize(keys);
-    for (auto& k : m.keys) {
-      if (!r.u64(k)) return Status::invalid_argument("mori descriptor truncated in its keys");
-    }
-    memory.push_back(std::move(m));
-  }
-  if (!r.done()) return Status::invalid_argument("mori descriptor has trailing bytes");
-  return Status::ok();
-}
-
-// ---------------------------------------------------------------- the engine
 
 IoEngine::IoEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 IoEngine::~IoEngine() = default;
@@ -707,18 +514,16 @@ Result<IoEngine::Session> IoEngine::create_session(const MemoryDesc& local,
 Status IoEngine::Session::batch_write(std::span<const uint64_t> local_offsets,
                                       std::span<const uint64_t> remote_offsets,
                                       std::span<const uint64_t> sizes, TransferId id) {
-  return engine_->impl_->submit(*this, false, local_offsets, remote_offsets, sizes, id, local_,
-                                remote_);
+  return engine_->impl_->submit(false, local_offsets, remote_offsets, sizes, id, local_, remote_);
 }
 
 Status IoEngine::Session::batch_read(std::span<const uint64_t> local_offsets,
                                      std::span<const uint64_t> remote_offsets,
                                      std::span<const uint64_t> sizes, TransferId id) {
-  return engine_->impl_->submit(*this, true, local_offsets, remote_offsets, sizes, id, local_,
-                                remote_);
+  return engine_->impl_->submit(true, local_offsets, remote_offsets, sizes, id, local_, remote_);
 }
 
-Status IoEngine::Impl::submit(const Session&, bool read, std::span<const uint64_t> local_offsets,
+Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets,
                               std::span<const uint64_t> remote_offsets,
                               std::span<const uint64_t> sizes, TransferId id,
                               const MemoryDesc& local, const MemoryDesc& remote) {

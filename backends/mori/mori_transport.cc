@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <charconv>
 #include <map>
 #include <mutex>
 
@@ -28,12 +27,7 @@ Result<IoEngineConfig> config_from(const TransportOptions& options) {
     if (key == "provider" && !value.empty()) {
       c.provider = value;
     } else if (key == "timeout_ms") {
-      uint64_t ms = 0;
-      auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), ms);
-      if (ec != std::errc() || ptr != value.data() + value.size() || ms < 10) {
-        return Status::invalid_argument(
-            fmt::format("mori option timeout_ms={}: expected a whole number >= 10", value));
-      }
+      PDKV_ASSIGN_OR_RETURN(uint64_t ms, parse_option_number("mori", key, value, 10, 3'600'000));
       c.transfer_timeout = std::chrono::milliseconds(ms);
     } else {
       return Status::invalid_argument(
@@ -169,14 +163,14 @@ class MoriTransport final : public Transport {
     struct Group {
       std::vector<uint64_t> local, remote, sizes;
     };
+    PDKV_RETURN_IF_ERROR(
+        check_ops_bounds(read ? "read" : "write", ops, local_lengths, remote_lengths));
     std::map<std::pair<RegionKey, RegionKey>, Group> groups;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      PDKV_RETURN_IF_ERROR(
-          check_op_bounds(read ? "read" : "write", i, ops[i], local_lengths, remote_lengths));
-      Group& g = groups[{ops[i].local_region, ops[i].remote_region}];
-      g.local.push_back(ops[i].local_offset);
-      g.remote.push_back(ops[i].remote_offset);
-      g.sizes.push_back(ops[i].length);
+    for (const WriteOp& op : ops) {
+      Group& g = groups[{op.local_region, op.remote_region}];
+      g.local.push_back(op.local_offset);
+      g.remote.push_back(op.remote_offset);
+      g.sizes.push_back(op.length);
     }
     forget_abandoned();
     Batch batch;

@@ -387,10 +387,8 @@ Result<BatchId> NixlTransport::submit(PeerId peer_id, std::span<const WriteOp> o
     std::vector<uint64_t> local_lengths, remote_lengths;
     for (const auto& r : regions_) local_lengths.push_back(r.region.length);
     for (const auto& r : peer->second.regions) remote_lengths.push_back(r.length);
-    for (size_t i = 0; i < ops.size(); ++i) {
-      PDKV_RETURN_IF_ERROR(check_op_bounds(direction == Direction::kWrite ? "write" : "read", i,
-                                           ops[i], local_lengths, remote_lengths));
-    }
+    PDKV_RETURN_IF_ERROR(check_ops_bounds(direction == Direction::kWrite ? "write" : "read", ops,
+                                          local_lengths, remote_lengths));
     id = next_batch_++;
     batches_[id] = Batch{peer_id, {}, std::string(notification)};
     peer->second.batches.insert(id);

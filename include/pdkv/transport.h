@@ -53,12 +53,13 @@ struct WriteOp {
 // A one-sided read has the same fields; its bytes flow remote -> local.
 using ReadOp = WriteOp;
 
-// The check every backend makes before a byte moves: op `index` of a batch,
-// against the lengths of the local regions and of the peer's regions. Names
-// the op, the bytes and the region (kOutOfRange); `verb` is "write" or "read".
-Status check_op_bounds(std::string_view verb, size_t index, const WriteOp& op,
-                       std::span<const uint64_t> local_lengths,
-                       std::span<const uint64_t> remote_lengths);
+// The check every backend makes before a byte moves: every op of a batch,
+// against the lengths of the local regions and of the peer's regions. The
+// first op out of bounds is named with its bytes and region (kOutOfRange);
+// `verb` is "write" or "read".
+Status check_ops_bounds(std::string_view verb, std::span<const WriteOp> ops,
+                        std::span<const uint64_t> local_lengths,
+                        std::span<const uint64_t> remote_lengths);
 
 enum class BatchState : uint8_t {
   kInProgress,
@@ -81,6 +82,11 @@ struct TransportCapabilities {
 
 // Settings a backend understands (e.g. {"rails", "4"}); unknown keys are an error.
 using TransportOptions = std::map<std::string, std::string>;
+
+// A whole-number option value in [min, max], or kInvalidArgument naming the
+// backend, the key and the value.
+Result<uint64_t> parse_option_number(std::string_view backend, const std::string& key,
+                                     const std::string& value, uint64_t min, uint64_t max);
 
 class Transport {
  public:

@@ -153,14 +153,17 @@ struct Baselines {
   std::optional<double> iperf3;
   std::string ucx_missing, iperf3_missing;
 
+  // Sizes are measured once per power of two near them.
+  static uint64_t near_power_of_two(uint64_t bytes, uint64_t lo, uint64_t hi) {
+    return uint64_t{1} << std::lround(std::log2(std::clamp(bytes, lo, hi)));
+  }
   double memcpy_at(uint64_t bytes) {
-    const uint64_t key = uint64_t{1} << std::lround(std::log2(std::max<uint64_t>(bytes, 1 << 20)));
+    const uint64_t key = near_power_of_two(bytes, 1 << 20, uint64_t{1} << 40);
     if (!memcpy.count(key)) memcpy[key] = memcpy_gbps(key);
     return memcpy[key];
   }
   std::optional<double> ucx_at(uint64_t bytes) {
-    const uint64_t key =
-        uint64_t{1} << std::lround(std::log2(std::clamp<uint64_t>(bytes, 4096, uint64_t{4} << 20)));
+    const uint64_t key = near_power_of_two(bytes, 4096, uint64_t{4} << 20);
     if (!ucx_missing.empty()) return std::nullopt;
     if (!ucx.count(key)) {
       auto v = ucx_put_gbps(key, ucx_missing);
@@ -178,6 +181,54 @@ std::optional<double> ratio(double value, std::optional<double> base) {
 
 std::string fmt_ratio(const nlohmann::json& v) {
   return v.is_null() ? "-" : fmt::format("{:.2f}", v.get<double>());
+}
+
+// Draws GB/s across TP pairs, one line per backend: the first model, layout
+// and length of the grid, the best staging mode but naive. False when
+// gnuplot failed.
+bool write_plot(const nlohmann::ordered_json& rows, const std::string& png) {
+  const auto& first = rows[0];
+  std::vector<std::string> pairs, labels;                      // in grid order
+  std::map<std::pair<std::string, std::string>, double> best;  // (pair, backend) -> GB/s
+  for (const auto& r : rows) {
+    if (r["staging"] == "naive" || !r.contains("gbps") || r["model"] != first["model"] ||
+        r["layout"] != first["layout"] || r["tokens"] != first["tokens"]) {
+      continue;
+    }
+    const std::string p = r["pair"], b = r["backend"];
+    if (std::find(pairs.begin(), pairs.end(), p) == pairs.end()) pairs.push_back(p);
+    if (std::find(labels.begin(), labels.end(), b) == labels.end()) labels.push_back(b);
+    double& g = best[{p, b}];
+    g = std::max(g, r["gbps"].get<double>());
+  }
+  const std::string data = png + ".dat";
+  std::ofstream dat(data);
+  dat << "pair";
+  for (const auto& b : labels) dat << " " << b;
+  dat << "\n";
+  for (const auto& p : pairs) {
+    dat << "\"" << p << "\"";
+    for (const auto& b : labels) {
+      auto it = best.find({p, b});
+      dat << " " << (it != best.end() ? fmt::format("{:.4f}", it->second) : std::string("?"));
+    }
+    dat << "\n";
+  }
+  dat.close();
+  std::string script = fmt::format(
+      "set terminal pngcairo size 900,500; set output '{}'; set title 'pdkv bench: {} {} {} "
+      "tokens, best staging mode (KV GB/s)'; set yrange [0:*]; set ylabel 'GB/s'; set xlabel "
+      "'prefill TP -> decode TP'; set key outside; set grid; set datafile missing '?'; plot ",
+      png, first["model"].get<std::string>(), first["layout"].get<std::string>(),
+      first["tokens"].get<uint64_t>());
+  for (size_t i = 0; i < labels.size(); ++i) {
+    script += fmt::format("{}'{}' using {}:xtic(1) with linespoints title '{}'", i ? ", " : "",
+                          data, i + 2, labels[i]);
+  }
+  FILE* g = popen("gnuplot", "w");
+  const int rc = g ? (std::fputs(script.c_str(), g), pclose(g)) : -1;
+  std::remove(data.c_str());
+  return rc == 0;
 }
 
 int run_bench(const BenchOptions& o) {
@@ -306,59 +357,9 @@ int run_bench(const BenchOptions& o) {
                          r.value("error", ""));
     }
   }
-  if (!o.plot.empty()) {
-    // GB/s across TP pairs, one line per backend: the first model, layout and
-    // length of the grid, the best staging mode but naive.
-    const std::string data = o.plot + ".dat";
-    std::ofstream dat(data);
-    std::vector<std::string> pairs, labels;
-    for (const auto& r : rows) {
-      if (r["staging"] == "naive" || !r.contains("gbps")) continue;
-      if (r["model"] != rows[0]["model"] || r["layout"] != rows[0]["layout"] ||
-          r["tokens"] != rows[0]["tokens"]) {
-        continue;
-      }
-      const std::string p = r["pair"], b = r["backend"];
-      if (std::find(pairs.begin(), pairs.end(), p) == pairs.end()) pairs.push_back(p);
-      if (std::find(labels.begin(), labels.end(), b) == labels.end()) labels.push_back(b);
-    }
-    dat << "pair";
-    for (const auto& b : labels) dat << " " << b;
-    dat << "\n";
-    for (const auto& p : pairs) {
-      dat << "\"" << p << "\"";
-      for (const auto& b : labels) {
-        double best = 0;
-        for (const auto& r : rows) {
-          if (r["pair"] == p && r["backend"] == b && r["staging"] != "naive" &&
-              r.contains("gbps") && r["model"] == rows[0]["model"] &&
-              r["tokens"] == rows[0]["tokens"] && r["layout"] == rows[0]["layout"]) {
-            best = std::max(best, r["gbps"].get<double>());
-          }
-        }
-        dat << " " << (best > 0 ? fmt::format("{:.4f}", best) : std::string("?"));
-      }
-      dat << "\n";
-    }
-    dat.close();
-    std::string script = fmt::format(
-        "set terminal pngcairo size 900,500; set output '{}'; set title 'pdkv bench: {} {} {} "
-        "tokens, best staging mode (KV GB/s)'; set yrange [0:*]; set ylabel 'GB/s'; set xlabel "
-        "'prefill TP -> decode "
-        "TP'; set key outside; set grid; set datafile missing '?'; plot ",
-        o.plot, rows[0]["model"].get<std::string>(), rows[0]["layout"].get<std::string>(),
-        rows[0]["tokens"].get<uint64_t>());
-    for (size_t i = 0; i < labels.size(); ++i) {
-      script += fmt::format("{}'{}' using {}:xtic(1) with linespoints title '{}'", i ? ", " : "",
-                            data, i + 2, labels[i]);
-    }
-    FILE* g = popen("gnuplot", "w");
-    const int rc = g ? (std::fputs(script.c_str(), g), pclose(g)) : -1;
-    std::remove(data.c_str());
-    if (rc != 0) {
-      std::fprintf(stderr, "pdkv bench: gnuplot failed (Debian package gnuplot-nox)\n");
-      ++failures;
-    }
+  if (!o.plot.empty() && !write_plot(rows, o.plot)) {
+    std::fprintf(stderr, "pdkv bench: gnuplot failed (Debian package gnuplot-nox)\n");
+    ++failures;
   }
 
   nlohmann::ordered_json out;

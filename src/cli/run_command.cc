@@ -2,30 +2,18 @@
 // prints one summary. Exit 0 only when every request succeeded and every
 // byte verified; a worker that dies ends the run within moments, naming the
 // rank.
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
-#include <set>
 #include <string>
-#include <vector>
 
 #include "cli/cluster_runner.h"
 #include "cli/command.h"
 #include "cli/shape_flags.h"
-
-extern char** environ;
 
 namespace pdkv::cli {
 namespace {

@@ -20,11 +20,14 @@ using Clock = std::chrono::steady_clock;
 
 uint8_t aux_byte(uint64_t room, uint64_t i) { return mix_byte((room << 24) ^ i ^ 0xa5a5); }
 
-int64_t epoch_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+// Wall-clock time since the epoch, comparable across the processes of a run.
+template <typename Unit>
+int64_t since_epoch() {
+  return std::chrono::duration_cast<Unit>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
+int64_t epoch_ms() { return since_epoch<std::chrono::milliseconds>(); }
+int64_t epoch_us() { return since_epoch<std::chrono::microseconds>(); }
 
 const char* kv_name(uint32_t kv, bool mla) { return mla ? "latent" : (kv == 0 ? "K" : "V"); }
 
@@ -179,11 +182,6 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
   std::vector<uint64_t> failed_rooms;
   std::vector<double> latencies;
   nlohmann::json events = nlohmann::json::array();  // [room, epoch µs]
-  const auto epoch_us = [] {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  };
   uint64_t next = 1, done = 0, succeeded = 0, bytes = 0;
   bool verified = true;
   const int64_t start_ms = epoch_ms();

@@ -14,7 +14,7 @@
 
 #include "pdkv/transport.h"
 #include "segment.h"
-#include "support/poll.h"
+#include "support/transport_pair.h"
 #include "wire.h"
 
 namespace pdkv::backends::mooncake {
@@ -86,9 +86,7 @@ class MooncakeSecurity : public ::testing::Test {
     const PeerId peer = sender->connect(target_->descriptor()).value();
     const BatchId batch =
         sender->write(peer, std::vector<WriteOp>{{key, 0, 0, 512 << 10, 4096}}).value();
-    BatchStatus st;
-    ASSERT_TRUE(testing::poll_until(
-        [&] { return (st = sender->poll(batch)).state != BatchState::kInProgress; }, 10s));
+    const BatchStatus st = testing::wait_batch(*sender, batch, 10s);
     ASSERT_EQ(st.state, BatchState::kDone) << st.error.to_string();
     target_->acquire_remote_writes();
     EXPECT_EQ(std::memcmp(memory_.data() + (512 << 10), src.data(), src.size()), 0);

@@ -1,0 +1,109 @@
+#include "fabric_endpoint.h"
+
+#include <fmt/format.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+
+#include <cstring>
+
+namespace pdkv::backends::mori {
+
+Status ofi_error(const std::string& what, int rc) {
+  return Status::internal(fmt::format("{}: {}", what, fi_strerror(rc < 0 ? -rc : rc)));
+}
+
+Endpoint::~Endpoint() {
+  if (ep) fi_close(&ep->fid);
+  if (inbound) fi_close(&inbound->fid);
+  if (av) fi_close(&av->fid);
+  if (cq) fi_close(&cq->fid);
+  if (domain) fi_close(&domain->fid);
+  if (fabric) fi_close(&fabric->fid);
+  if (info) fi_freeinfo(info);
+}
+
+// A counter of inbound accesses (FI_RMA_EVENT) tells the progress thread that
+// peers are busy here; a provider without it is opened without.
+Status Endpoint::open(const std::string& name) {
+  provider = name;
+  Status with_events = get_info(name, FI_RMA_EVENT);
+  if (!with_events.is_ok()) PDKV_RETURN_IF_ERROR(get_info(name, 0));
+  return open_objects();
+}
+
+Status Endpoint::get_info(const std::string& name, uint64_t extra_caps) {
+  fi_info* hints = fi_allocinfo();
+  if (hints == nullptr) return Status::internal("fi_allocinfo failed");
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | extra_caps;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+  hints->fabric_attr->prov_name = strdup(name.c_str());
+  const int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &info);
+  fi_freeinfo(hints);
+  if (rc != 0) return ofi_error(fmt::format("fi_getinfo for provider '{}'", name), rc);
+  return Status::ok();
+}
+
+Status Endpoint::open_objects() {
+  const std::string& name = provider;
+  const uint64_t mr_mode = info->domain_attr->mr_mode;
+  virt_addr = mr_mode & FI_MR_VIRT_ADDR;
+  prov_key = mr_mode & FI_MR_PROV_KEY;
+  endpoint_mr = mr_mode & FI_MR_ENDPOINT;
+  if (info->domain_attr->cq_data_size < sizeof(uint64_t)) {
+    return Status::failed_precondition(
+        fmt::format("provider '{}' carries {} bytes of remote CQ data; a transfer id needs 8", name,
+                    info->domain_attr->cq_data_size));
+  }
+  int r;
+  if ((r = fi_fabric(info->fabric_attr, &fabric, nullptr)) != 0) return ofi_error("fi_fabric", r);
+  if ((r = fi_domain(fabric, info, &domain, nullptr)) != 0) return ofi_error("fi_domain", r);
+  // A CQ with a file descriptor lets the idle progress thread sleep until
+  // peers' traffic arrives (tcp;ofi_rxm needs our polls to move it);
+  // providers without one are polled every kIdleTick.
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_DATA;
+  cq_attr.wait_obj = FI_WAIT_FD;
+  if (fi_cq_open(domain, &cq_attr, &cq, nullptr) != 0 ||
+      fi_control(&cq->fid, FI_GETWAIT, &wait_fd) != 0) {
+    if (cq) fi_close(&cq->fid);
+    cq = nullptr;
+    wait_fd = -1;
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    if ((r = fi_cq_open(domain, &cq_attr, &cq, nullptr)) != 0) return ofi_error("fi_cq_open", r);
+  }
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_UNSPEC;
+  if ((r = fi_av_open(domain, &av_attr, &av, nullptr)) != 0) return ofi_error("fi_av_open", r);
+  if ((r = fi_endpoint(domain, info, &ep, nullptr)) != 0) return ofi_error("fi_endpoint", r);
+  if ((r = fi_ep_bind(ep, &av->fid, 0)) != 0) return ofi_error("fi_ep_bind(av)", r);
+  if ((r = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0) {
+    return ofi_error("fi_ep_bind(cq)", r);
+  }
+  if (info->caps & FI_RMA_EVENT) {
+    fi_cntr_attr cntr_attr{};
+    cntr_attr.events = FI_CNTR_EVENTS_COMP;
+    cntr_attr.wait_obj = FI_WAIT_NONE;
+    if ((r = fi_cntr_open(domain, &cntr_attr, &inbound, nullptr)) != 0) {
+      return ofi_error("fi_cntr_open", r);
+    }
+    if ((r = fi_ep_bind(ep, &inbound->fid, FI_REMOTE_WRITE | FI_REMOTE_READ)) != 0) {
+      return ofi_error("fi_ep_bind(cntr)", r);
+    }
+  }
+  if ((r = fi_enable(ep)) != 0) return ofi_error("fi_enable", r);
+  size_t len = 0;
+  fi_getname(&ep->fid, nullptr, &len);
+  address.resize(len);
+  if ((r = fi_getname(&ep->fid, address.data(), &len)) != 0) return ofi_error("fi_getname", r);
+  address.resize(len);
+  return Status::ok();
+}
+
+}  // namespace pdkv::backends::mori

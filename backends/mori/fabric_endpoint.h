@@ -1,0 +1,52 @@
+// One libfabric provider's objects for the mori IO engine: fabric, domain,
+// RDM endpoint, address vector, completion queue (with a wait descriptor
+// where the provider has one) and, with FI_RMA_EVENT, a counter of peers'
+// accesses. What fi_getinfo returned is read here, never assumed.
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+
+#include <cstdint>
+#include <string>
+
+#include "pdkv/status.h"
+
+namespace pdkv::backends::mori {
+
+// kInternal "what: <fi_strerror(rc)>".
+Status ofi_error(const std::string& what, int rc);
+
+// Touched only on the engine's progress thread once the engine runs.
+struct Endpoint {
+  std::string provider;
+  fi_info* info = nullptr;
+  fid_fabric* fabric = nullptr;
+  fid_domain* domain = nullptr;
+  fid_ep* ep = nullptr;
+  fid_av* av = nullptr;
+  fid_cq* cq = nullptr;
+  fid_cntr* inbound = nullptr;  // counts peers' writes and reads here (with FI_RMA_EVENT)
+  int wait_fd = -1;             // the CQ's, when the provider has one
+  uint64_t inbound_seen = 0;
+  std::string address;       // fi_getname
+  bool virt_addr = false;    // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
+  bool prov_key = false;     // FI_MR_PROV_KEY: the provider chooses keys
+  bool endpoint_mr = false;  // FI_MR_ENDPOINT: bind each MR to the endpoint
+  uint64_t next_key = 1;     // our keys, without FI_MR_PROV_KEY
+
+  Endpoint() = default;
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+  ~Endpoint();
+
+  // Opens provider `name` (RDM endpoints with RMA), with FI_RMA_EVENT where
+  // the provider has it, else without.
+  Status open(const std::string& name);
+
+ private:
+  Status get_info(const std::string& name, uint64_t extra_caps);
+  Status open_objects();
+};
+
+}  // namespace pdkv::backends::mori
