@@ -1,7 +1,12 @@
 // The `nixl` backend: NVIDIA NIXL's UCX path, on UCX `ucp`.
 //
 // Regions are mapped with ucp_mem_map and described to peers by a packed
-// rkey; the descriptor blob carries the worker address and every region's
+// rkey. Memory from allocate() is UCX's own (ucp_mem_map ALLOCATE, shared
+// memory here), which peers on this host write into directly; into other
+// memory, UCX 1.13 emulates a put with active messages that the target's
+// progress thread copies out (perf showed uct_mm_ep_am_bcopy at the sender
+// and one-page requests waiting on the target's idle tick). The
+// descriptor blob carries the worker address and every region's
 // (base, length, rkey). A batch is one ucp_put_nbx per write followed by an
 // endpoint flush: the flush completing is UCX's statement that every put is
 // visible at the peer, and only then is the batch done and its notification
@@ -14,7 +19,8 @@
 // (UCS_THREAD_MODE_SINGLE); API calls hand it tasks through a queue. While
 // batches are in flight it drives ucp_worker_progress continuously; idle, it
 // sleeps on the queue's condition variable and wakes every few milliseconds
-// to progress what arrives unasked (notifications, keepalive). It does not
+// to progress what arrives unasked (notifications, keepalive), more often
+// just after such traffic (progress_loop). It does not
 // use UCP_FEATURE_WAKEUP: asking for it makes UCX drop its shared-memory
 // transports (posix, sysv, cma), leaving TCP at a tenth of the bandwidth.
 // UCX reads its usual UCX_* environment variables (UCX_TLS, UCX_NET_DEVICES, ...).
@@ -22,6 +28,7 @@
 #include <ucp/api/ucp.h>
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <future>
@@ -51,6 +58,7 @@ class NixlTransport final : public Transport {
 
   std::string_view name() const override { return "nixl"; }
   TransportCapabilities capabilities() const override { return caps_; }
+  Result<MemoryRegion> allocate(uint64_t length) override;
   Result<RegionKey> register_region(const MemoryRegion& region) override;
   std::string descriptor() const override;
   Result<PeerId> connect(std::string_view peer_descriptor) override;
@@ -73,7 +81,8 @@ class NixlTransport final : public Transport {
   struct LocalRegion {
     MemoryRegion region;
     ucp_mem_h memh = nullptr;
-    std::string rkey;  // packed
+    bool owns_memh = true;  // false: the memh of an allocation (allocations_)
+    std::string rkey;       // packed
   };
   struct RemoteRegion {
     uint64_t base = 0, length = 0;
@@ -102,6 +111,8 @@ class NixlTransport final : public Transport {
   Result<BatchId> submit(PeerId peer, std::span<const WriteOp> ops, std::string_view notification,
                          Direction direction);
   void progress_loop();
+  // The allocation (allocate()) that holds all of `region`, if any.
+  ucp_mem_h allocation_holding(const MemoryRegion& region) const;
   void post(std::function<void()> task);
   template <typename F>
   auto run(F&& task) -> decltype(task());
@@ -131,6 +142,7 @@ class NixlTransport final : public Transport {
   std::condition_variable tasks_cv_;
   bool stopping_ = false;
   std::vector<LocalRegion> regions_;
+  std::map<uintptr_t, std::pair<uint64_t, ucp_mem_h>> allocations_;  // base -> (length, memh)
   std::map<PeerId, Peer> peers_;
   std::map<BatchId, Batch> batches_;
   std::map<PeerId, std::unique_ptr<CallbackArg>> peer_args_;    // error handler args
@@ -236,8 +248,9 @@ NixlTransport::~NixlTransport() {
     progress_.join();
   }
   for (auto& r : regions_) {
-    if (r.memh) ucp_mem_unmap(context_, r.memh);
+    if (r.memh && r.owns_memh) ucp_mem_unmap(context_, r.memh);
   }
+  for (auto& [base, allocation] : allocations_) ucp_mem_unmap(context_, allocation.second);
   if (worker_) ucp_worker_destroy(worker_);
   if (context_) ucp_cleanup(context_);
 }
@@ -259,12 +272,19 @@ auto NixlTransport::run(F&& task) -> decltype(task()) {
 }
 
 void NixlTransport::progress_loop() {
-  constexpr auto kIdleTick = std::chrono::milliseconds(2);
+  // Idle, the thread wakes every kIdleTick for what arrives unasked. Peers'
+  // puts into memory UCX did not allocate arrive that way too (emulated with
+  // active messages that this side copies out), so for kHotWindow after any
+  // such event it ticks at kHotTick: a transfer in progress is not held up
+  // by a sleeping target, and a quiet rank costs almost nothing.
+  constexpr std::chrono::microseconds kIdleTick{2000}, kHotTick{50}, kHotWindow{5000};
+  auto hot_until = std::chrono::steady_clock::time_point::min();
   std::unique_lock lock(mu_);
   while (true) {
     if (stopping_ && tasks_.empty() && in_flight_ == 0) break;
     if (tasks_.empty() && in_flight_ == 0) {
-      tasks_cv_.wait_for(lock, kIdleTick, [this] { return stopping_ || !tasks_.empty(); });
+      const auto tick = std::chrono::steady_clock::now() < hot_until ? kHotTick : kIdleTick;
+      tasks_cv_.wait_for(lock, tick, [this] { return stopping_ || !tasks_.empty(); });
     }
     std::deque<std::function<void()>> tasks;
     tasks.swap(tasks_);
@@ -272,9 +292,50 @@ void NixlTransport::progress_loop() {
     for (auto& task : tasks) task();
     unsigned events = 0;
     while (ucp_worker_progress(worker_) != 0) ++events;
+    if (events > 0) hot_until = std::chrono::steady_clock::now() + kHotWindow;
     if (events == 0 && tasks.empty()) std::this_thread::yield();  // in flight, nothing new
     lock.lock();
   }
+}
+
+Result<MemoryRegion> NixlTransport::allocate(uint64_t length) {
+  if (length == 0) return Status::invalid_argument("nixl: allocation of 0 bytes");
+  return run([&]() -> Result<MemoryRegion> {
+    // UCX picks the allocator (UCX_MEM_ALLOC_METHODS; sysv or posix shared
+    // memory first). Peers' puts then go straight into it over the shared-
+    // memory transports instead of being emulated with active messages that
+    // this rank's progress thread must copy out.
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.address = nullptr;
+    mp.length = length;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+    ucp_mem_h memh = nullptr;
+    ucs_status_t st = ucp_mem_map(context_, &mp, &memh);
+    if (st != UCS_OK) return ucx_error(fmt::format("ucp_mem_map(ALLOCATE, {} bytes)", length), st);
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    st = ucp_mem_query(memh, &attr);
+    if (st != UCS_OK) {
+      ucp_mem_unmap(context_, memh);
+      return ucx_error("ucp_mem_query", st);
+    }
+    std::memset(attr.address, 0, length);  // not every allocator hands out zeroed pages
+    std::lock_guard lock(mu_);
+    allocations_[reinterpret_cast<uintptr_t>(attr.address)] = {attr.length, memh};
+    return MemoryRegion{attr.address, length, MemoryKind::kHost, 0};
+  });
+}
+
+ucp_mem_h NixlTransport::allocation_holding(const MemoryRegion& region) const {
+  std::lock_guard lock(mu_);
+  const auto base = reinterpret_cast<uintptr_t>(region.base);
+  auto it = allocations_.upper_bound(base);
+  if (it == allocations_.begin()) return nullptr;
+  --it;
+  const auto& [length, memh] = it->second;
+  return base + region.length <= it->first + length ? memh : nullptr;
 }
 
 Result<RegionKey> NixlTransport::register_region(const MemoryRegion& region) {
@@ -288,18 +349,27 @@ Result<RegionKey> NixlTransport::register_region(const MemoryRegion& region) {
                     memory_kind_name(region.kind)));
   }
   return run([&]() -> Result<RegionKey> {
-    ucp_mem_map_params_t mp{};
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    mp.address = region.base;
-    mp.length = region.length;
-    LocalRegion local{region, nullptr, {}};
-    ucs_status_t st = ucp_mem_map(context_, &mp, &local.memh);
-    if (st != UCS_OK) return ucx_error("ucp_mem_map", st);
+    LocalRegion local{region, nullptr, true, {}};
+    ucs_status_t st = UCS_OK;
+    if (ucp_mem_h memh = allocation_holding(region)) {
+      // UCX's own memory: its handle already names the shared segment that
+      // lets peers write into it directly. The rkey covers the allocation;
+      // bounds are still checked against this region.
+      local.memh = memh;
+      local.owns_memh = false;
+    } else {
+      ucp_mem_map_params_t mp{};
+      mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+      mp.address = region.base;
+      mp.length = region.length;
+      st = ucp_mem_map(context_, &mp, &local.memh);
+      if (st != UCS_OK) return ucx_error("ucp_mem_map", st);
+    }
     void* packed = nullptr;
     size_t packed_size = 0;
     st = ucp_rkey_pack(context_, local.memh, &packed, &packed_size);
     if (st != UCS_OK) {
-      ucp_mem_unmap(context_, local.memh);
+      if (local.owns_memh) ucp_mem_unmap(context_, local.memh);
       return ucx_error("ucp_rkey_pack", st);
     }
     local.rkey.assign(static_cast<const char*>(packed), packed_size);

@@ -122,9 +122,15 @@ class Engine {
   // Creates the transport, registers the pools, starts the control service
   // and registers this rank with the bootstrap service.
   static Result<std::unique_ptr<Engine>> create(EngineConfig config, EnginePools pools);
+  // As above, with pools the engine allocates, sized from `config` and zeroed:
+  // host memory the transport moves fastest where it offers some
+  // (Transport::allocate; nixl's comes from UCX), else ordinary memory.
+  // pools() gives them to the application; they live as long as the engine.
+  static Result<std::unique_ptr<Engine>> create(EngineConfig config);
   ~Engine();  // fails every open room ("engine shut down") and stops
 
   const EngineConfig& config() const;
+  const EnginePools& pools() const;
   std::string control_address() const;
   EngineStats stats() const;
 

@@ -97,6 +97,16 @@ class Transport {
   virtual std::string_view name() const = 0;
   virtual TransportCapabilities capabilities() const = 0;
 
+  // Host memory that this transport moves faster than ordinary memory, zeroed
+  // and still to be registered; the transport owns it, and it lives as long
+  // as the transport. (UCX, for one, writes straight into a peer's memory
+  // only when UCX allocated it; ordinary memory takes a copy through the
+  // peer's own progress.) kFailedPrecondition where the backend has no such
+  // memory; on any error the caller allocates ordinary memory instead.
+  virtual Result<MemoryRegion> allocate(uint64_t length) {
+    (void)length;
+    return Status::failed_precondition(std::string(name()) + " has no memory of its own");
+  }
   // Makes a region reachable by peers. Keys are dense, in registration order.
   virtual Result<RegionKey> register_region(const MemoryRegion& region) = 0;
   // Opaque bytes that let a peer reach this rank and all its registered

@@ -255,23 +255,30 @@ nlohmann::ordered_json summarize(const worker::Shape& s,
       bytes += j["bytes"].get<uint64_t>();
     }
   }
+  // Every request moves the same bytes, so the measured ones carry their
+  // share of the total.
+  const uint64_t succeeded = s.requests - std::min<uint64_t>(s.requests, failed.size());
+  const uint64_t bytes_per_request = succeeded > 0 ? bytes / succeeded : 0;
   std::vector<double> latencies;
   int64_t first = INT64_MAX, last = 0;
   for (const auto& [room, done] : done_us) {
     auto sent = sent_us.find(room);
-    if (sent == sent_us.end() || failed.count(room)) continue;
+    if (room <= s.warmup || sent == sent_us.end() || failed.count(room)) continue;
     latencies.push_back((done - sent->second) / 1000.0);
     first = std::min(first, sent->second);
     last = std::max(last, done);
   }
   const double seconds = latencies.empty() ? 0 : std::max<int64_t>(1, last - first) / 1e6;
+  const uint64_t measured_bytes = bytes_per_request * latencies.size();
   nlohmann::ordered_json out;
   out["verified"] = verified && failed.empty();
   out["requests"] = s.requests;
+  out["warmup"] = s.warmup;
   out["failed"] = failed.size();
   out["bytes"] = bytes;
+  out["measured_bytes"] = measured_bytes;
   out["seconds"] = seconds;
-  out["gbps"] = seconds > 0 ? bytes / seconds / 1e9 : 0.0;
+  out["gbps"] = seconds > 0 ? measured_bytes / seconds / 1e9 : 0.0;
   out["requests_per_s"] = seconds > 0 ? latencies.size() / seconds : 0.0;
   out["p50_ms"] = percentile(latencies, 0.5);
   out["p99_ms"] = percentile(latencies, 0.99);

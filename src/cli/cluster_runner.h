@@ -23,9 +23,11 @@ ClusterOutcome run_cluster(const worker::Shape& shape, double timeout_s,
                            const std::function<void(uint64_t done)>& progress);
 
 // The run's figures from the workers' summaries:
-//   verified, requests, failed, bytes (received by decode ranks),
-//   seconds: from the first request's last send() to the last request's success,
-//   gbps: bytes / seconds, requests_per_s,
+//   verified, requests, warmup, failed, bytes (received by decode ranks, all
+//     requests), measured_bytes (the requests after the warmup),
+//   seconds: from the first measured request's last send() to the last
+//     request's success (requests after the shape's warmup are measured),
+//   gbps: the measured requests' bytes / seconds, requests_per_s,
 //   p50_ms, p99_ms: per request, from its last send() (latest prefill rank) to its
 //     success (latest decode rank),
 //   staged_routes, direct_routes, backend, prefill_tp, decode_tp, errors.

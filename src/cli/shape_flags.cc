@@ -30,6 +30,9 @@ void add_shape_flags(CLI::App& cmd, worker::Shape& s) {
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off", "auto", "naive"}));
   cmd.add_option("--requests", s.requests, "Requests to transfer")->capture_default_str();
+  cmd.add_option("--warmup", s.warmup,
+                 "The first N requests are left out of GB/s and latency (they warm the pools)")
+      ->capture_default_str();
   cmd.add_option("--tokens", s.tokens, "Tokens per request")->capture_default_str();
   cmd.add_option("--chunks", s.chunks, "send() calls per request (chunked prefill)")
       ->capture_default_str();

@@ -16,42 +16,56 @@ namespace {
 
 constexpr size_t kMaxTombstones = 1 << 20;  // ids of cleared rooms remembered
 
-Status check_pools(const EngineConfig& c, const RankShard& shard, uint32_t local_channels,
+PoolSizes pool_sizes(const EngineConfig& c, const RankShard& shard, uint32_t local_channels) {
+  PoolSizes sizes;
+  sizes.kv_buffers = shard.layers.count * c.kv.buffers_per_layer();
+  sizes.kv_buffer_bytes = c.kv.num_pages * c.kv.page_bytes(shard.heads.count);
+  sizes.aux_bytes = c.aux_bytes > 0 ? uint64_t{c.aux_slots} * c.aux_bytes : 0;
+  sizes.state_bytes = c.state.channels > 0 ? uint64_t{c.state.num_slots} * shard.layers.count *
+                                                 local_channels * c.state.channel_bytes
+                                           : 0;
+  sizes.staging_bytes = c.staging_bytes;
+  return sizes;
+}
+
+Status check_pools(const EngineConfig& c, const RankShard& shard, const PoolSizes& need,
                    const EnginePools& pools) {
-  const uint32_t buffers = shard.layers.count * c.kv.buffers_per_layer();
-  if (pools.kv.size() != buffers) {
+  if (pools.kv.size() != need.kv_buffers) {
     return Status::invalid_argument(
         fmt::format("{} KV buffers given; a rank with {} layers x {} needs {}", pools.kv.size(),
-                    shard.layers.count, c.kv.mla ? "latent" : "K+V", buffers));
+                    shard.layers.count, c.kv.mla ? "latent" : "K+V", need.kv_buffers));
   }
-  const uint64_t need = c.kv.num_pages * c.kv.page_bytes(shard.heads.count);
   for (size_t i = 0; i < pools.kv.size(); ++i) {
-    if (pools.kv[i].base == nullptr || pools.kv[i].length < need) {
+    if (pools.kv[i].base == nullptr || pools.kv[i].length < need.kv_buffer_bytes) {
       return Status::invalid_argument(
           fmt::format("KV buffer {} holds {} bytes; {} pages x {} B need {}", i, pools.kv[i].length,
-                      c.kv.num_pages, c.kv.page_bytes(shard.heads.count), need));
+                      c.kv.num_pages, c.kv.page_bytes(shard.heads.count), need.kv_buffer_bytes));
     }
   }
-  if (c.aux_bytes > 0 && pools.aux.length < uint64_t{c.aux_slots} * c.aux_bytes) {
+  if (pools.aux.length < need.aux_bytes) {
     return Status::invalid_argument(
         fmt::format("aux region holds {} bytes; {} slots x {} B need {}", pools.aux.length,
-                    c.aux_slots, c.aux_bytes, uint64_t{c.aux_slots} * c.aux_bytes));
+                    c.aux_slots, c.aux_bytes, need.aux_bytes));
   }
-  const uint64_t state_need =
-      uint64_t{c.state.num_slots} * shard.layers.count * local_channels * c.state.channel_bytes;
-  if (c.state.channels > 0 && pools.state.length < state_need) {
+  if (pools.state.length < need.state_bytes) {
     return Status::invalid_argument(
-        fmt::format("state region holds {} bytes; needs {}", pools.state.length, state_need));
+        fmt::format("state region holds {} bytes; needs {}", pools.state.length, need.state_bytes));
+  }
+  if (need.staging_bytes > 0 &&
+      (pools.staging.base == nullptr || pools.staging.length < need.staging_bytes)) {
+    return Status::invalid_argument(
+        fmt::format("staging region holds {} bytes; staging_bytes is {}", pools.staging.length,
+                    need.staging_bytes));
   }
   return Status::ok();
 }
 
 }  // namespace
 
-EngineCore::EngineCore(EngineConfig config, EnginePools pools)
-    : config_(std::move(config)), pools_(std::move(pools)) {}
+EngineCore::EngineCore(EngineConfig config) : config_(std::move(config)) {}
 
-Result<std::shared_ptr<EngineCore>> EngineCore::start(EngineConfig config, EnginePools pools) {
+Result<std::shared_ptr<EngineCore>> EngineCore::start(EngineConfig config,
+                                                      std::optional<EnginePools> pools) {
   const EngineConfig& c = config;
   if (c.engine_id.empty()) return Status::invalid_argument("EngineConfig.engine_id is empty");
   if (c.bootstrap_address.empty()) {
@@ -98,17 +112,17 @@ Result<std::shared_ptr<EngineCore>> EngineCore::start(EngineConfig config, Engin
   if (c.staging == Staging::kOn && c.staging_bytes == 0) {
     return Status::invalid_argument("staging on needs EngineConfig.staging_bytes > 0");
   }
-  if (c.staging_bytes > 0 &&
-      (pools.staging.base == nullptr || pools.staging.length < c.staging_bytes)) {
-    return Status::invalid_argument(
-        fmt::format("staging region holds {} bytes; staging_bytes is {}", pools.staging.length,
-                    c.staging_bytes));
-  }
   const RankShard shard{c.kv, heads.owned(c.tp_rank).value(), layers};
-  PDKV_RETURN_IF_ERROR(check_pools(c, shard, local_channels, pools));
+  const PoolSizes sizes = pool_sizes(c, shard, local_channels);
+  if (pools) PDKV_RETURN_IF_ERROR(check_pools(c, shard, sizes, *pools));
   PDKV_ASSIGN_OR_RETURN(auto transport, create_transport(c.backend, c.transport_options));
 
-  std::shared_ptr<EngineCore> core(new EngineCore(std::move(config), std::move(pools)));
+  std::shared_ptr<EngineCore> core(new EngineCore(std::move(config)));
+  if (pools) {
+    core->pools_ = std::move(*pools);
+  } else {
+    PDKV_ASSIGN_OR_RETURN(core->pools_, allocate_pools(*transport, sizes, core->owned_memory_));
+  }
   core->shard_ = shard;
   core->local_channels_ = local_channels;
   PDKV_RETURN_IF_ERROR(core->init(std::move(transport)));

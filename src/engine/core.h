@@ -25,6 +25,7 @@
 
 #include "bootstrap/client.h"
 #include "engine/peer_links.h"
+#include "engine/pool_memory.h"
 #include "engine/routing.h"
 #include "engine/staging_pool.h"
 #include "pdkv.grpc.pb.h"
@@ -102,11 +103,14 @@ struct DecodeRoom {
 
 class EngineCore : public std::enable_shared_from_this<EngineCore> {
  public:
-  static Result<std::shared_ptr<EngineCore>> start(EngineConfig config, EnginePools pools);
+  // Without `pools`, the engine allocates them (pool_memory.h).
+  static Result<std::shared_ptr<EngineCore>> start(EngineConfig config,
+                                                   std::optional<EnginePools> pools);
   ~EngineCore();
   void shutdown();
 
   const EngineConfig& config() const { return config_; }
+  const EnginePools& pools() const { return pools_; }
   std::string control_address() const { return self_.control_address(); }
   EngineStats stats() const {
     std::lock_guard lock(mu_);
@@ -136,7 +140,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Status on_abort(const proto::AbortRequest& request);
 
  private:
-  EngineCore(EngineConfig config, EnginePools pools);
+  explicit EngineCore(EngineConfig config);
   Status init(std::unique_ptr<Transport> transport);
 
   // Lookups
@@ -188,6 +192,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   EngineConfig config_;
   EnginePools pools_;
+  // Pools the engine mapped itself; declared before transport_, so that they
+  // outlive its registrations.
+  std::vector<HostMapping> owned_memory_;
   proto::RankInfo self_;
   RankShard shard_;
   uint32_t local_channels_ = 0;

@@ -14,7 +14,13 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config, EnginePools 
   return std::unique_ptr<Engine>(new Engine(std::move(core)));
 }
 
+Result<std::unique_ptr<Engine>> Engine::create(EngineConfig config) {
+  PDKV_ASSIGN_OR_RETURN(auto core, engine::EngineCore::start(std::move(config), std::nullopt));
+  return std::unique_ptr<Engine>(new Engine(std::move(core)));
+}
+
 const EngineConfig& Engine::config() const { return core_->config(); }
+const EnginePools& Engine::pools() const { return core_->pools(); }
 std::string Engine::control_address() const { return core_->control_address(); }
 EngineStats Engine::stats() const { return core_->stats(); }
 

@@ -31,17 +31,10 @@ int64_t epoch_us() { return since_epoch<std::chrono::microseconds>(); }
 
 const char* kv_name(uint32_t kv, bool mla) { return mla ? "latent" : (kv == 0 ? "K" : "V"); }
 
-struct Pools {
-  std::vector<std::vector<std::byte>> kv;
-  std::vector<std::byte> aux, staging;
-  EnginePools regions() {
-    EnginePools p;
-    for (auto& b : kv) p.kv.push_back({b.data(), b.size(), MemoryKind::kHost, 0});
-    p.aux = {aux.data(), aux.size(), MemoryKind::kHost, 0};
-    if (!staging.empty()) p.staging = {staging.data(), staging.size(), MemoryKind::kHost, 0};
-    return p;
-  }
-};
+// A byte of a pool region, for the simulated model (host pools only).
+std::byte& at(const MemoryRegion& region, uint64_t offset) {
+  return static_cast<std::byte*>(region.base)[offset];
+}
 
 }  // namespace
 
@@ -56,6 +49,10 @@ Status Shape::validate() const {
   PDKV_RETURN_IF_ERROR(positive("--window", window));
   PDKV_RETURN_IF_ERROR(positive("--prefill-tp", prefill_tp));
   PDKV_RETURN_IF_ERROR(positive("--decode-tp", decode_tp));
+  if (warmup >= requests) {
+    return Status::invalid_argument(
+        fmt::format("--warmup {} leaves none of the {} requests to measure", warmup, requests));
+  }
   if (chunks > pages_per_request()) {
     return Status::invalid_argument(
         fmt::format("--chunks {} exceeds the {} pages of a request", chunks, pages_per_request()));
@@ -154,9 +151,6 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
   const UnitRange heads = heads_axis.owned(args.tp_rank).value();
   const UnitRange layers{0, shape.layers};
 
-  Pools pools;
-  pools.kv.assign(shape.layers * cfg.kv.buffers_per_layer(),
-                  std::vector<std::byte>(cfg.kv.num_pages * cfg.kv.page_bytes(heads.count)));
   if (cfg.staging != Staging::kOff && cfg.staging != Staging::kNaive) {
     // Room for a window of requests: a decode rank stages at most its own
     // share of a request; a prefill rank gathers its share once per
@@ -167,10 +161,11 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
         prefill ? std::max<uint64_t>(1, (shape.decode_tp + shape.prefill_tp - 1) / shape.prefill_tp)
                 : 1;
     cfg.staging_bytes = shape.window * share * fan_out;
-    pools.staging.resize(cfg.staging_bytes);
   }
-  pools.aux.resize(std::max<uint64_t>(1, uint64_t{shape.window} * shape.aux_bytes));
-  PDKV_ASSIGN_OR_RETURN(auto engine, Engine::create(cfg, pools.regions()));
+  // The engine allocates the pools: in the memory its transport moves
+  // fastest, as a server that lets it choose would.
+  PDKV_ASSIGN_OR_RETURN(auto engine, Engine::create(cfg));
+  const EnginePools& pools = engine->pools();
 
   struct InFlight {
     std::unique_ptr<Sender> sender;
@@ -196,7 +191,7 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
     for_each_element(
         cfg.kv, heads, layers, pages, room, [&](uint32_t buf, uint64_t off, uint8_t want) {
           if (!mismatch.empty()) return;
-          const uint8_t got = std::to_integer<uint8_t>(pools.kv[buf][off]);
+          const uint8_t got = std::to_integer<uint8_t>(at(pools.kv[buf], off));
           if (got == want) return;
           // Name the element: invert the layout formula for this offset.
           const uint64_t hb = cfg.kv.head_bytes(), page_bytes = cfg.kv.page_bytes(heads.count);
@@ -218,7 +213,7 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
         });
     const uint64_t slot = (room - 1) % shape.window;
     for (uint64_t i = 0; i < shape.aux_bytes && mismatch.empty(); ++i) {
-      const uint8_t got = std::to_integer<uint8_t>(pools.aux[slot * shape.aux_bytes + i]);
+      const uint8_t got = std::to_integer<uint8_t>(at(pools.aux, slot * shape.aux_bytes + i));
       if (got != aux_byte(room, i)) {
         mismatch =
             fmt::format("aux byte {}: got {:#04x}, expected {:#04x}", i, got, aux_byte(room, i));
@@ -235,10 +230,10 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
       if (shape.verify) {
         for_each_element(
             cfg.kv, heads, layers, pages, room,
-            [&](uint32_t buf, uint64_t off, uint8_t v) { pools.kv[buf][off] = std::byte{v}; });
+            [&](uint32_t buf, uint64_t off, uint8_t v) { at(pools.kv[buf], off) = std::byte{v}; });
       }
       for (uint64_t i = 0; i < shape.aux_bytes; ++i) {
-        pools.aux[slot * shape.aux_bytes + i] = std::byte{aux_byte(room, i)};
+        at(pools.aux, slot * shape.aux_bytes + i) = std::byte{aux_byte(room, i)};
       }
       PDKV_ASSIGN_OR_RETURN(f.sender, engine->sender(room, shape.decode_engine));
       PDKV_RETURN_IF_ERROR(f.sender->init(pages.size(), static_cast<uint32_t>(slot)));

@@ -33,6 +33,10 @@ struct Shape {
   std::string staging = "auto";
   uint32_t prefill_tp = 1, decode_tp = 1;
   uint64_t requests = 8;
+  // The first `warmup` requests move like the others but are left out of the
+  // figures (cli::summarize): they pay first-touch costs (page mappings,
+  // connections) that a long-running server pays once.
+  uint64_t warmup = 0;
   uint64_t tokens = 256;
   uint32_t chunks = 1;  // send() calls per request (chunked prefill)
   uint32_t window = 4;  // requests in flight per rank

@@ -2,6 +2,7 @@
 // parameterised by backend name. Each test checks bytes, not just statuses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -177,6 +178,55 @@ TEST_P(Conformance, NotificationArrivesAfterTheBytes) {
   EXPECT_TRUE(
       std::equal(src_.begin(), src_.end(), received().begin()));  // visible before the notice
   EXPECT_EQ(wait(*sender_, *batch).state, BatchState::kDone);
+}
+
+// Memory the transport offers (Transport::allocate) comes zeroed, registers
+// whole or in parts, and carries writes and reads byte for byte. A backend
+// with none says so with kFailedPrecondition, naming itself.
+TEST_P(Conformance, OwnMemoryIsZeroedAndCarriesWrites) {
+  constexpr uint64_t kBytes = (4 << 20) + 3;
+  auto src = sender_->allocate(kBytes);
+  if (!src.is_ok()) {
+    EXPECT_EQ(src.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(src.status().message().find(GetParam().name), std::string::npos)
+        << src.status().message();
+    return;
+  }
+  auto dst = receiver_->allocate(kBytes);
+  ASSERT_TRUE(dst.is_ok()) << dst.status().to_string();
+  ASSERT_EQ(src->length, kBytes);
+  ASSERT_EQ(dst->length, kBytes);
+  auto* s = static_cast<uint8_t*>(src->base);
+  auto* d = static_cast<uint8_t*>(dst->base);
+  EXPECT_EQ(std::count(d, d + kBytes, 0), static_cast<long>(kBytes));
+  for (uint64_t i = 0; i < kBytes; ++i) s[i] = static_cast<uint8_t>(i * 29 + (i >> 11));
+  // The destination registers in two parts, the second at an odd offset of
+  // the allocation: each part is a region of its own.
+  const uint64_t split = (1 << 20) + 5;
+  const RegionKey sk = sender_->register_region(*src).value();
+  const RegionKey low = receiver_->register_region({d, split}).value();
+  const RegionKey high = receiver_->register_region({d + split, kBytes - split}).value();
+  receiver_->release_to_peers();
+  const PeerId peer = sender_->connect(receiver_->descriptor()).value();
+  const std::vector<WriteOp> ops = {{sk, 1, low, 3, split - 3},
+                                    {sk, split + 9, high, 0, kBytes - split - 9}};
+  auto batch = sender_->write(peer, ops);
+  ASSERT_TRUE(batch.is_ok()) << batch.status().to_string();
+  ASSERT_EQ(wait(*sender_, *batch).state, BatchState::kDone);
+  receiver_->acquire_remote_writes();
+  EXPECT_EQ(std::memcmp(d + 3, s + 1, split - 3), 0);
+  EXPECT_EQ(std::memcmp(d + split, s + split + 9, kBytes - split - 9), 0);
+  EXPECT_EQ(d[0] | d[1] | d[2], 0);  // untouched around the writes
+  // A region keeps its own bounds, though its allocation is larger.
+  EXPECT_EQ(sender_->write(peer, std::vector<WriteOp>{{sk, 0, low, split - 1, 2}}).status().code(),
+            StatusCode::kOutOfRange);
+  if (sender_->capabilities().reads) {
+    std::fill(s, s + kBytes, 0);
+    auto read = sender_->read(peer, std::vector<ReadOp>{{sk, 0, high, 0, kBytes - split}});
+    ASSERT_TRUE(read.is_ok()) << read.status().to_string();
+    ASSERT_EQ(wait(*sender_, *read).state, BatchState::kDone);
+    EXPECT_EQ(std::memcmp(s, d + split, kBytes - split), 0);
+  }
 }
 
 // The peer process is killed with batches in flight: within 2 s the peer is

@@ -42,10 +42,12 @@ TEST(BenchCli, QuickRunReportsEveryScenarioWithRatios) {
     EXPECT_GT(row["gbps"].get<double>(), 0);
     EXPECT_GT(row["x_memcpy"].get<double>(), 0);
     const uint64_t tokens = row["tokens"];
-    // Requests per scenario, as the bench sizes them for --quick: one page
-    // x 30; 256 tokens: window 4 (32 MiB a request) x 2, naive x 1.
+    // Measured requests per scenario, as the bench sizes them for --quick:
+    // one page x 30 after 10 to warm up; 256 tokens: window 4 (32 MiB a
+    // request) x 2, naive x 1, after one window to warm up.
     const uint64_t requests = tokens == 16 ? 30 : row["staging"] == "naive" ? 4 : 8;
     EXPECT_EQ(row["bytes"].get<uint64_t>(), requests * tokens * kBytesPerToken);
+    EXPECT_EQ(row["warmup_requests"].get<uint64_t>(), tokens == 16 ? 10u : 4u);
     if (row["pair"] == "2->4" && row["staging"] == "on") {
       EXPECT_GT(row["x_naive"].get<double>(), 0);
       EXPECT_GT(row["x_equal_tp"].get<double>(), 0);

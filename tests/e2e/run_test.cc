@@ -120,6 +120,24 @@ TEST(Run, RefusesBadInputWithExitTwo) {
   EXPECT_NE(r.err.find("no transport backend named 'carrier-pigeon'"), std::string::npos) << r.err;
 }
 
+// --warmup: the first requests move and are verified, but only the rest
+// count in the figures. 4 layers x K+V x 8 heads x 128 x 2 B = 16 KiB a
+// token; 6 requests of 32 tokens, 2 of them warm-up.
+TEST(Run, WarmupRequestsMoveButAreNotMeasured) {
+  auto r = testing::run_command(
+      std::string(PDKV_BIN) + " run --backend mooncake --requests 6 --warmup 2 --tokens 32 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["verified"], true);
+  EXPECT_EQ(j["bytes"].get<uint64_t>(), 6u * 32 * 16384);
+  EXPECT_EQ(j["measured_bytes"].get<uint64_t>(), 4u * 32 * 16384);
+  EXPECT_EQ(j["warmup"].get<uint64_t>(), 2u);
+  r = testing::run_command(std::string(PDKV_BIN) + " run --requests 3 --warmup 3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--warmup 3 leaves none of the 3 requests to measure"), std::string::npos)
+      << r.err;
+}
+
 // The pids of `parent`'s children whose command line contains `needle`.
 std::vector<pid_t> children_of(pid_t parent, const std::string& needle) {
   std::vector<pid_t> out;
