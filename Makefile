@@ -9,6 +9,7 @@
 #   make bench           pdkv bench --quick: every backend against its baselines, about a minute
 #   make bench-full      pdkv bench over the whole grid (hours; CSV and plot in build/)
 #   make bench-plan      the planner micro-benchmark
+#   make gpu-check       scripts/gpu-check.sh: CUDA build, GPU tests, --device cuda runs, gpu-bench
 #   make format          clang-format every C++ file
 
 JOBS ?= 2
@@ -22,7 +23,7 @@ SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_check
 TSAN_ENV = TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
            UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no
 
-.PHONY: deps build demo test test-slow test-sanitize test-tsan bench bench-full bench-plan format clean
+.PHONY: deps build demo test test-slow test-sanitize test-tsan bench bench-full bench-plan gpu-check format clean
 
 deps:
 	@scripts/install-deps.sh
@@ -65,6 +66,9 @@ bench-full: build
 
 bench-plan: build
 	build/bin/pdkv_plan_bench --benchmark_counters_tabular=true
+
+gpu-check:
+	scripts/gpu-check.sh
 
 format:
 	git ls-files '*.h' '*.cc' | xargs clang-format -i

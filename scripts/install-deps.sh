@@ -3,7 +3,9 @@
 #
 # Idempotent and non-interactive: `make demo`, `make test` and CI call it on
 # every run, so a machine that already has everything pays one dpkg query and
-# prints nothing. Compiler and CMake are assumed (they are part of the image).
+# prints nothing. Compiler and CMake are assumed (they are part of the image),
+# and so is CUDA's nvcc (in /usr/local/cuda, outside Debian): the build uses
+# it when it is there.
 set -euo pipefail
 
 packages=(
@@ -18,6 +20,7 @@ packages=(
   iperf3                        # TCP baseline for bench
   gnuplot-nox                   # pdkv bench --plot
   iproute2                      # ip, tc: the mooncake rails test builds network namespaces
+  hipcc                         # HIP path of the GPU staging kernels (compiled, run on AMD GPUs)
 )
 
 missing=()

@@ -72,26 +72,22 @@ Status check_no_duplicates(std::span<const uint64_t> pages, uint64_t pool_pages)
 
 }  // namespace
 
-Fragment TransferPlan::fragment(uint64_t i) const {
-  const auto& pieces = template_->pieces;
-  const uint64_t per_buffer = runs_.size() * pieces.size();
-  const uint64_t buffer = i / per_buffer;
-  const uint64_t rest = i % per_buffer;
-  const PageRun& run = runs_[rest / pieces.size()];
-  const PageTemplate::Piece& piece = pieces[rest % pieces.size()];
-  const uint32_t layer = static_cast<uint32_t>(buffer / buffers_per_layer_);
-  const uint32_t kv = static_cast<uint32_t>(buffer % buffers_per_layer_);
-
-  Fragment f;
-  f.src_buffer = (src_layer_ + layer) * buffers_per_layer_ + kv;
-  f.dst_buffer = (dst_layer_ + layer) * buffers_per_layer_ + kv;
-  f.src_offset = run.src_page * template_->src_page_bytes + piece.src_offset;
-  f.dst_offset = run.dst_page * template_->dst_page_bytes + piece.dst_offset;
-  // A run longer than one page only exists for whole-page templates.
-  f.length = piece.length * run.count;
-  f.staging_offset = buffer * pages_ * template_->bytes + run.first_index * template_->bytes +
-                     piece.staging_offset;
-  return f;
+PlanView TransferPlan::view() const {
+  PlanView v;
+  if (!template_) return v;
+  v.pieces = template_->pieces.data();
+  v.piece_count = template_->pieces.size();
+  v.runs = runs_.data();
+  v.run_count = runs_.size();
+  v.pages = pages_;
+  v.src_page_bytes = template_->src_page_bytes;
+  v.dst_page_bytes = template_->dst_page_bytes;
+  v.template_bytes = template_->bytes;
+  v.src_layer = src_layer_;
+  v.dst_layer = dst_layer_;
+  v.layers = layers_;
+  v.buffers_per_layer = buffers_per_layer_;
+  return v;
 }
 
 std::vector<Fragment> TransferPlan::fragments() const {

@@ -1,39 +1,46 @@
 // Host staging: gather a plan's source bytes into one contiguous buffer and
-// scatter them back. GPU pools use kernels that walk the same
-// TransferPlan::fragment arithmetic.
+// scatter them back. GPU pools use kernels (src/gpu/staging_kernels.cu) that
+// walk the same arithmetic (pdkv/plan_view.h) and make the same checks.
 #include <fmt/format.h>
 
 #include <cstring>
+#include <vector>
 
 #include "pdkv/plan.h"
 
 namespace pdkv {
-namespace {
-
-template <typename Buffer>
-Status check_buffers(const char* side, std::span<const Buffer> buffers, uint32_t needed,
-                     uint64_t extent) {
-  if (buffers.size() < needed) {
+Status check_staging_bounds(const TransferPlan& plan, PlanSide side,
+                            std::span<const uint64_t> buffer_lengths, uint64_t staging_bytes) {
+  const bool source = side == PlanSide::kSource;
+  const char* name = source ? "source" : "destination";
+  const uint32_t needed = source ? plan.src_buffers_needed() : plan.dst_buffers_needed();
+  const uint64_t extent = source ? plan.src_extent() : plan.dst_extent();
+  if (buffer_lengths.size() < needed) {
     return Status::invalid_argument(fmt::format("{} has {} buffers but the plan touches buffer {}",
-                                                side, buffers.size(), needed - 1));
+                                                name, buffer_lengths.size(), needed - 1));
   }
   for (uint32_t b = 0; b < needed; ++b) {
-    if (buffers[b].size() < extent) {
+    if (buffer_lengths[b] < extent) {
       return Status::out_of_range(
-          fmt::format("{} buffer {} holds {} bytes but the plan reaches "
-                      "byte {}",
-                      side, b, buffers[b].size(), extent));
+          fmt::format("{} buffer {} holds {} bytes but the plan reaches byte {}", name, b,
+                      buffer_lengths[b], extent));
     }
+  }
+  if (staging_bytes < plan.bytes()) {
+    return Status::out_of_range(fmt::format("staging buffer holds {} bytes but the plan moves {}",
+                                            staging_bytes, plan.bytes()));
   }
   return Status::ok();
 }
 
-Status check_staging(uint64_t size, const TransferPlan& plan) {
-  if (size < plan.bytes()) {
-    return Status::out_of_range(
-        fmt::format("staging buffer holds {} bytes but the plan moves {}", size, plan.bytes()));
-  }
-  return Status::ok();
+namespace {
+
+template <typename Buffer>
+std::vector<uint64_t> lengths_of(std::span<const Buffer> buffers) {
+  std::vector<uint64_t> lengths;
+  lengths.reserve(buffers.size());
+  for (const auto& b : buffers) lengths.push_back(b.size());
+  return lengths;
 }
 
 }  // namespace
@@ -41,8 +48,7 @@ Status check_staging(uint64_t size, const TransferPlan& plan) {
 Status gather(const TransferPlan& plan, std::span<const std::span<const std::byte>> src_buffers,
               std::span<std::byte> staging) {
   PDKV_RETURN_IF_ERROR(
-      check_buffers("source", src_buffers, plan.src_buffers_needed(), plan.src_extent()));
-  PDKV_RETURN_IF_ERROR(check_staging(staging.size(), plan));
+      check_staging_bounds(plan, PlanSide::kSource, lengths_of(src_buffers), staging.size()));
   plan.for_each([&](const Fragment& f) {
     std::memcpy(staging.data() + f.staging_offset, src_buffers[f.src_buffer].data() + f.src_offset,
                 f.length);
@@ -53,8 +59,7 @@ Status gather(const TransferPlan& plan, std::span<const std::span<const std::byt
 Status scatter(const TransferPlan& plan, std::span<const std::byte> staging,
                std::span<const std::span<std::byte>> dst_buffers) {
   PDKV_RETURN_IF_ERROR(
-      check_buffers("destination", dst_buffers, plan.dst_buffers_needed(), plan.dst_extent()));
-  PDKV_RETURN_IF_ERROR(check_staging(staging.size(), plan));
+      check_staging_bounds(plan, PlanSide::kDestination, lengths_of(dst_buffers), staging.size()));
   plan.for_each([&](const Fragment& f) {
     std::memcpy(dst_buffers[f.dst_buffer].data() + f.dst_offset, staging.data() + f.staging_offset,
                 f.length);

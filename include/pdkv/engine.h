@@ -98,6 +98,11 @@ struct EngineConfig {
 };
 
 // The rank's memory, registered once with the transport at Engine::create.
+// The KV buffers may be GPU memory (kind kCuda or kHip, one device): a
+// transport that registers such memory writes it directly; otherwise every
+// KV route goes through the staging pool, gathered and scattered by GPU
+// kernels, and staging_bytes must be set (docs/gpu.md). Aux, state and
+// staging are host memory.
 struct EnginePools {
   std::vector<MemoryRegion> kv;  // one per (local layer, K/V): layer * buffers_per_layer + kv
   MemoryRegion aux;              // aux_slots * aux_bytes, when aux_bytes > 0

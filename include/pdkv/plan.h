@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "pdkv/kv_spec.h"
+#include "pdkv/plan_view.h"
 #include "pdkv/sharding.h"
 #include "pdkv/status.h"
 
@@ -45,40 +46,16 @@ struct Route {
   Segment layers;
 };
 
-struct Fragment {
-  uint32_t src_buffer = 0;
-  uint32_t dst_buffer = 0;
-  uint64_t src_offset = 0;
-  uint64_t dst_offset = 0;
-  uint64_t length = 0;
-  uint64_t staging_offset = 0;  // where the bytes sit in the staging buffer
-  bool operator==(const Fragment&) const = default;
-};
-
 // The coalesced fragments inside one page of one buffer, offsets relative to
 // the page start. Shared by every request with the same formats and segment.
 struct PageTemplate {
-  struct Piece {
-    uint64_t src_offset;
-    uint64_t dst_offset;
-    uint64_t length;
-    uint64_t staging_offset;  // prefix sum of the lengths before this piece
-  };
+  using Piece = TemplatePiece;
   std::vector<Piece> pieces;
   uint64_t src_page_bytes = 0;
   uint64_t dst_page_bytes = 0;
   uint64_t bytes = 0;         // sum of piece lengths
   uint64_t head_vectors = 0;  // pieces before coalescing: tokens x heads
   bool whole_page = false;    // one piece that is a whole page on both sides
-};
-
-// Consecutive request pages [first_index, first_index + count) of the page
-// lists that map to consecutive pool pages on both sides.
-struct PageRun {
-  uint64_t src_page;
-  uint64_t dst_page;
-  uint64_t count;
-  uint64_t first_index;
 };
 
 class TransferPlan {
@@ -93,7 +70,10 @@ class TransferPlan {
   uint64_t bytes() const { return template_ ? layer_buffers() * pages_ * template_->bytes : 0; }
 
   // Fragment i in [0, fragment_count()): pure arithmetic, no allocation.
-  Fragment fragment(uint64_t i) const;
+  Fragment fragment(uint64_t i) const { return fragment_at(view(), i); }
+  // The plan as the shared arithmetic (and the GPU kernels) see it; points
+  // into this plan.
+  PlanView view() const;
   // Visits fragment(0), fragment(1), ... in order; nested loops instead of
   // the divisions fragment(i) needs, since backends walk millions of these.
   template <typename F>
@@ -192,5 +172,12 @@ Status gather(const TransferPlan& plan, std::span<const std::span<const std::byt
               std::span<std::byte> staging);
 Status scatter(const TransferPlan& plan, std::span<const std::byte> staging,
                std::span<const std::span<std::byte>> dst_buffers);
+
+// The checks gather() and scatter() make, on lengths alone (the GPU kernels
+// make them too): the lengths of the plan's source or destination buffers,
+// by buffer index, and of the staging buffer.
+enum class PlanSide : uint8_t { kSource, kDestination };
+Status check_staging_bounds(const TransferPlan& plan, PlanSide side,
+                            std::span<const uint64_t> buffer_lengths, uint64_t staging_bytes);
 
 }  // namespace pdkv

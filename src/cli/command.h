@@ -26,5 +26,6 @@ Command add_prefill_command(CLI::App& app);
 Command add_decode_command(CLI::App& app);
 Command add_run_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
+Command add_gpu_bench_command(CLI::App& app);
 
 }  // namespace pdkv::cli

@@ -38,6 +38,11 @@ void add_shape_flags(CLI::App& cmd, worker::Shape& s) {
       ->capture_default_str();
   cmd.add_option("--window", s.window, "Requests in flight per rank")->capture_default_str();
   cmd.add_option("--aux-bytes", s.aux_bytes, "Aux data bytes per request")->capture_default_str();
+  cmd.add_option("--device", s.device,
+                 "Where the KV pools live: host, or GPU memory (cuda, hip) that a transport "
+                 "without GPU support moves through pinned staging")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"host", "cuda", "hip"}));
   cmd.add_flag("!--no-verify", s.verify,
                "Benchmark mode: neither write nor check the pattern (bytes still move)");
 }
@@ -57,7 +62,8 @@ std::vector<std::string> shape_arguments(const worker::Shape& s) {
                                 "--tokens",      std::to_string(s.tokens),
                                 "--chunks",      std::to_string(s.chunks),
                                 "--window",      std::to_string(s.window),
-                                "--aux-bytes",   std::to_string(s.aux_bytes)};
+                                "--aux-bytes",   std::to_string(s.aux_bytes),
+                                "--device",      s.device};
   if (s.mla) a.push_back("--mla");
   if (!s.verify) a.push_back("--no-verify");
   for (const auto& option : s.backend_options) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bootstrap/client.h"
+#include "engine/device_staging.h"
 #include "engine/peer_links.h"
 #include "engine/pool_memory.h"
 #include "engine/routing.h"
@@ -157,7 +158,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Status accept_info(PrefillRoom& room, const proto::TransferInfo& info);
   Status post_writes(PrefillRoom& room, Destination& dest);
   // Decode: reserves a staging slot for `source` when staging pays (see Staging).
-  void reserve_staging(const DecodeRoom& room, Source& source);
+  // False while a route that must be staged (device pools, see
+  // DeviceStaging) waits for room in the pool; an error when it never can be.
+  Result<bool> reserve_staging(const DecodeRoom& room, Source& source);
   // Decode: scatters a source's staging slot into the pool and frees it.
   Status scatter_staged(const DecodeRoom& room, Source& source);
   // The plan that fills this rank's pages from `source`, with the request's
@@ -199,6 +202,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   RankShard shard_;
   uint32_t local_channels_ = 0;
   std::unique_ptr<Transport> transport_;
+  // KV pools in device memory that the transport cannot register: kernels
+  // gather and scatter them through the (pinned) staging pool. Declared
+  // after transport_, so that it goes first.
+  std::unique_ptr<DeviceStaging> device_staging_;
+  bool staging_starved_ = false;  // a must-stage route waits for a slot
   std::vector<RegionKey> kv_keys_;
   RegionKey aux_key_ = 0, state_key_ = 0, staging_key_ = 0;
   StagingPool staging_pool_;

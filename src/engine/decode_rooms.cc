@@ -116,8 +116,17 @@ void EngineCore::progress_decode(DecodeRoom& room) {
     bool all_sent = true, all_reported = true;
     for (auto& [key, source] : room.sources) {
       if (!source.info_sent && !source.info_pending) {
+        const Result<bool> ready = reserve_staging(room, source);
+        if (!ready.is_ok()) {
+          fail_decode(room, ready.status());
+          return;
+        }
+        if (!*ready) {
+          staging_starved_ = true;
+          all_sent = all_reported = false;
+          continue;
+        }
         source.info_pending = true;
-        reserve_staging(room, source);
         proto::TransferInfo info = *room.metadata;
         if (source.staging_offset) {
           info.set_staging_offset(*source.staging_offset);
@@ -246,37 +255,65 @@ Result<TransferPlan> EngineCore::staging_plan(const Source& source,
   return planner_.plan(shard_of(source.rank), shard_, *source.link.kv, numbered, dst);
 }
 
-void EngineCore::reserve_staging(const DecodeRoom& room, Source& source) {
-  if (config_.staging == Staging::kOff || config_.staging == Staging::kNaive ||
-      config_.staging_bytes == 0 || !source.link.kv ||
-      source.rank.staging_bytes() == 0 ||
-      uint64_t(room.metadata->dst_pages_size()) > source.rank.kv_spec().num_pages()) {
-    return;
+Result<bool> EngineCore::reserve_staging(const DecodeRoom& room, Source& source) {
+  // Device pools that a transport cannot write in place (here or at the
+  // source) leave no choice: the route is staged, or waits until it can be.
+  const bool must = source.link.kv && (device_staging_ || source.rank.kv_staged_only());
+  if (must) {
+    if (config_.staging_bytes == 0 || source.rank.staging_bytes() == 0) {
+      return Status::failed_precondition(fmt::format(
+          "room {}: {} and {} must stage KV (device pools the transport cannot register), but "
+          "{} has no staging pool",
+          room.id, describe(source.rank), describe(self_),
+          config_.staging_bytes == 0 ? describe(self_) : describe(source.rank)));
+    }
+  } else if (config_.staging == Staging::kOff || config_.staging == Staging::kNaive ||
+             config_.staging_bytes == 0 || !source.link.kv || source.rank.staging_bytes() == 0 ||
+             uint64_t(room.metadata->dst_pages_size()) > source.rank.kv_spec().num_pages()) {
+    return true;
   }
   auto plan = staging_plan(source, *room.metadata);
-  if (!plan.is_ok() || plan->bytes() == 0) return;  // a bad route surfaces at the source
+  if (!plan.is_ok()) {  // a bad route surfaces at the source, unless it cannot go direct
+    return must ? Result<bool>(plan.status()) : Result<bool>(true);
+  }
+  if (plan->bytes() == 0) return true;
   // Auto: staging pays when fragments are small (one write instead of many).
   constexpr uint64_t kSmallFragment = 4096;
-  if (config_.staging == Staging::kAuto &&
+  if (!must && config_.staging == Staging::kAuto &&
       plan->bytes() / std::max<uint64_t>(1, plan->fragment_count()) >= kSmallFragment) {
-    return;
+    return true;
   }
-  if (auto offset = staging_pool_.allocate(plan->bytes())) {
-    source.staging_offset = *offset;
-    source.staging_bytes = plan->bytes();
-    ++stats_.staged_routes;
+  if (must &&
+      (plan->bytes() > config_.staging_bytes || plan->bytes() > source.rank.staging_bytes())) {
+    return Status::failed_precondition(fmt::format(
+        "room {}: {} must be staged ({} bytes), but the staging pools hold {} here and {} at "
+        "the source",
+        room.id, describe(source.rank), plan->bytes(), config_.staging_bytes,
+        source.rank.staging_bytes()));
   }
+  auto offset = staging_pool_.allocate(plan->bytes());
+  if (!offset) return !must;  // no room: direct, or wait when it must be staged
+  source.staging_offset = *offset;
+  source.staging_bytes = plan->bytes();
+  ++stats_.staged_routes;
+  return true;
 }
 
 Status EngineCore::scatter_staged(const DecodeRoom& room, Source& source) {
   PDKV_ASSIGN_OR_RETURN(TransferPlan plan, staging_plan(source, *room.metadata));
-  std::vector<std::span<std::byte>> pool;
-  for (const MemoryRegion& r : pools_.kv)
-    pool.emplace_back(static_cast<std::byte*>(r.base), r.length);
-  const std::span<const std::byte> slot(
-      static_cast<const std::byte*>(pools_.staging.base) + *source.staging_offset,
-      source.staging_bytes);
-  const Status st = scatter(plan, slot, pool);
+  Status st;
+  if (device_staging_) {
+    st = device_staging_->scatter(plan, *source.staging_offset);
+  } else {
+    std::vector<std::span<std::byte>> pool;
+    for (const MemoryRegion& r : pools_.kv) {
+      pool.emplace_back(static_cast<std::byte*>(r.base), r.length);
+    }
+    const std::span<const std::byte> slot(
+        static_cast<const std::byte*>(pools_.staging.base) + *source.staging_offset,
+        source.staging_bytes);
+    st = scatter(plan, slot, pool);
+  }
   staging_pool_.release(*source.staging_offset);
   source.staging_offset.reset();
   return st.with_context(

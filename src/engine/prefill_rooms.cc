@@ -377,16 +377,25 @@ Status EngineCore::post_writes(PrefillRoom& room, Destination& dest) {
       dest.local_staging = staging_pool_.allocate(plan.bytes());
       if (!dest.local_staging) return Status::ok();  // no room to gather yet: retry when freed
     }
-    std::vector<std::span<const std::byte>> pool;
-    for (const MemoryRegion& r : pools_.kv) {
-      pool.emplace_back(static_cast<const std::byte*>(r.base), r.length);
+    if (device_staging_) {
+      PDKV_RETURN_IF_ERROR(device_staging_->gather(plan, *dest.local_staging));
+    } else {
+      std::vector<std::span<const std::byte>> pool;
+      for (const MemoryRegion& r : pools_.kv) {
+        pool.emplace_back(static_cast<const std::byte*>(r.base), r.length);
+      }
+      const std::span<std::byte> block(
+          static_cast<std::byte*>(pools_.staging.base) + *dest.local_staging, plan.bytes());
+      PDKV_RETURN_IF_ERROR(gather(plan, pool, block));
     }
-    const std::span<std::byte> block(
-        static_cast<std::byte*>(pools_.staging.base) + *dest.local_staging, plan.bytes());
-    PDKV_RETURN_IF_ERROR(gather(plan, pool, block));
     ops.push_back({staging_key_, *dest.local_staging, dest.rank.staging_region(),
                    info.staging_offset(), plan.bytes()});
     ++stats_.staged_routes;
+  } else if (dest.link.kv && device_staging_) {
+    return Status::failed_precondition(fmt::format(
+        "room {}: {} reserved no staging slot, but this rank's KV pools are device memory that "
+        "backend '{}' cannot register",
+        room.id, describe(dest.rank), config_.backend));
   } else if (dest.link.kv && dest.pages_written < available) {
     const std::span<const uint64_t> src(room.pages.data() + dest.pages_written,
                                         available - dest.pages_written);
@@ -398,9 +407,10 @@ Status EngineCore::post_writes(PrefillRoom& room, Destination& dest) {
     const RegionKey remote_first = dest.rank.kv_region_first();
     // Naive: cut every fragment into one token's bytes of this segment.
     const bool per_head = !config_.kv.mla && config_.kv.layout == Layout::kHnd;
-    const uint64_t piece = config_.staging == Staging::kNaive
-                               ? config_.kv.head_bytes() * (per_head ? 1 : dest.link.kv->heads.count)
-                               : UINT64_MAX;
+    const uint64_t piece =
+        config_.staging == Staging::kNaive
+            ? config_.kv.head_bytes() * (per_head ? 1 : dest.link.kv->heads.count)
+            : UINT64_MAX;
     plan.for_each([&](const Fragment& f) {
       for (uint64_t at = 0; at < f.length; at += piece) {
         ops.push_back({kv_keys_[f.src_buffer], f.src_offset + at, remote_first + f.dst_buffer,

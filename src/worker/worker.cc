@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "gpu/gpu.h"
 #include "worker/kv_pattern.h"
 
 namespace pdkv::worker {
@@ -31,10 +32,81 @@ int64_t epoch_us() { return since_epoch<std::chrono::microseconds>(); }
 
 const char* kv_name(uint32_t kv, bool mla) { return mla ? "latent" : (kv == 0 ? "K" : "V"); }
 
-// A byte of a pool region, for the simulated model (host pools only).
-std::byte& at(const MemoryRegion& region, uint64_t offset) {
-  return static_cast<std::byte*>(region.base)[offset];
-}
+// The KV pools as the simulated model sees them. Host pools are touched in
+// place. Device pools (--device) are this worker's own allocations, with a
+// host mirror: a room's pages are uploaded after the model writes them and
+// downloaded before they are checked.
+class KvPools {
+ public:
+  static Result<KvPools> create(const Shape& shape, const EngineConfig& cfg, uint32_t heads,
+                                uint32_t rank) {
+    KvPools p;
+    p.kind_ = shape.device_kind();
+    if (p.kind_ == MemoryKind::kHost) return p;  // the engine allocates them
+    PDKV_ASSIGN_OR_RETURN(p.runtime_, gpu::runtime(p.kind_));
+    p.device_ = static_cast<int>(rank % static_cast<uint32_t>(p.runtime_->device_count()));
+    p.page_bytes_ = cfg.kv.page_bytes(heads);
+    const uint64_t bytes = cfg.kv.num_pages * p.page_bytes_;
+    for (uint32_t b = 0; b < shape.layers * cfg.kv.buffers_per_layer(); ++b) {
+      PDKV_ASSIGN_OR_RETURN(void* memory, p.runtime_->allocate(p.device_, bytes));
+      p.regions_.push_back({memory, bytes, p.kind_, p.device_});
+      p.mirror_.emplace_back(shape.verify ? bytes : 0);
+    }
+    p.aux_.resize(std::max<uint64_t>(1, uint64_t{cfg.aux_slots} * cfg.aux_bytes));
+    p.staging_.resize(std::max<uint64_t>(1, cfg.staging_bytes));
+    return p;
+  }
+  KvPools() = default;
+  KvPools(KvPools&&) = default;
+  ~KvPools() {
+    for (const MemoryRegion& r : regions_) runtime_->release(device_, r.base);
+  }
+
+  bool on_device() const { return kind_ != MemoryKind::kHost; }
+  // For Engine::create: device KV pools, host aux and staging.
+  EnginePools engine_pools() {
+    EnginePools p;
+    p.kv = regions_;
+    p.aux = {aux_.data(), aux_.size(), MemoryKind::kHost, 0};
+    p.staging = {staging_.data(), staging_.size(), MemoryKind::kHost, 0};
+    return p;
+  }
+  void bind(const EnginePools& pools) { pools_ = &pools; }
+
+  std::byte& kv(uint32_t buffer, uint64_t offset) {
+    return on_device() ? mirror_[buffer][offset]
+                       : static_cast<std::byte*>(pools_->kv[buffer].base)[offset];
+  }
+  std::byte& aux(uint64_t offset) { return static_cast<std::byte*>(pools_->aux.base)[offset]; }
+
+  // Mirror -> device (upload) or device -> mirror, for these pages of every
+  // buffer; nothing to do for host pools.
+  Status upload(std::span<const uint64_t> pages) { return move_pages(pages, true); }
+  Status download(std::span<const uint64_t> pages) { return move_pages(pages, false); }
+
+ private:
+  Status move_pages(std::span<const uint64_t> pages, bool up) {
+    if (!on_device()) return Status::ok();
+    for (size_t b = 0; b < regions_.size(); ++b) {
+      auto* device = static_cast<std::byte*>(regions_[b].base);
+      for (uint64_t page : pages) {
+        const uint64_t at = page * page_bytes_;
+        PDKV_RETURN_IF_ERROR(up ? runtime_->copy(device + at, mirror_[b].data() + at, page_bytes_)
+                                : runtime_->copy(mirror_[b].data() + at, device + at, page_bytes_));
+      }
+    }
+    return Status::ok();
+  }
+
+  MemoryKind kind_ = MemoryKind::kHost;
+  gpu::Runtime* runtime_ = nullptr;
+  int device_ = 0;
+  uint64_t page_bytes_ = 0;
+  std::vector<MemoryRegion> regions_;
+  std::vector<std::vector<std::byte>> mirror_;
+  std::vector<std::byte> aux_, staging_;
+  const EnginePools* pools_ = nullptr;
+};
 
 }  // namespace
 
@@ -60,6 +132,17 @@ Status Shape::validate() const {
   if (staging != "auto" && staging != "off" && staging != "on" && staging != "naive") {
     return Status::invalid_argument(
         fmt::format("--staging '{}' is not on, off, auto or naive", staging));
+  }
+  if (device != "host") {
+    if (device != "cuda" && device != "hip") {
+      return Status::invalid_argument(
+          fmt::format("--device '{}' is not host, cuda or hip", device));
+    }
+    PDKV_ASSIGN_OR_RETURN(gpu::Runtime * runtime, gpu::runtime(device_kind()));
+    if (runtime->device_count() == 0) {
+      return Status::failed_precondition(fmt::format("--device {}: no {} device found", device,
+                                                     device == "cuda" ? "CUDA" : "HIP"));
+    }
   }
   PDKV_ASSIGN_OR_RETURN(Layout l, parse_layout(layout));
   (void)l;
@@ -109,6 +192,12 @@ KvSpec Shape::kv_spec() const {
                 mla};
 }
 
+MemoryKind Shape::device_kind() const {
+  return device == "cuda"  ? MemoryKind::kCuda
+         : device == "hip" ? MemoryKind::kHip
+                           : MemoryKind::kHost;
+}
+
 std::vector<uint64_t> request_pages(const Shape& shape, Role role, uint64_t room) {
   const uint64_t n = shape.pages_per_request();
   const uint64_t slot = (room - 1) % shape.window;
@@ -151,7 +240,10 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
   const UnitRange heads = heads_axis.owned(args.tp_rank).value();
   const UnitRange layers{0, shape.layers};
 
-  if (cfg.staging != Staging::kOff && cfg.staging != Staging::kNaive) {
+  // Device pools travel through staging unless the transport registers
+  // them (then the engine ignores the staging pool), so they get one.
+  if ((cfg.staging != Staging::kOff && cfg.staging != Staging::kNaive) ||
+      shape.device_kind() != MemoryKind::kHost) {
     // Room for a window of requests: a decode rank stages at most its own
     // share of a request; a prefill rank gathers its share once per
     // destination (up to D/P of them, more under GQA replication).
@@ -162,10 +254,12 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
                 : 1;
     cfg.staging_bytes = shape.window * share * fan_out;
   }
-  // The engine allocates the pools: in the memory its transport moves
-  // fastest, as a server that lets it choose would.
-  PDKV_ASSIGN_OR_RETURN(auto engine, Engine::create(cfg));
-  const EnginePools& pools = engine->pools();
+  // Host pools: the engine allocates them, in the memory its transport moves
+  // fastest, as a server that lets it choose would. Device pools are ours.
+  PDKV_ASSIGN_OR_RETURN(KvPools pools, KvPools::create(shape, cfg, heads.count, args.tp_rank));
+  PDKV_ASSIGN_OR_RETURN(auto engine, pools.on_device() ? Engine::create(cfg, pools.engine_pools())
+                                                       : Engine::create(cfg));
+  pools.bind(engine->pools());
 
   struct InFlight {
     std::unique_ptr<Sender> sender;
@@ -187,11 +281,12 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
   // Checks every byte of a finished room on this decode rank; "" when right.
   auto verify = [&](uint64_t room) -> std::string {
     const auto pages = request_pages(shape, args.role, room);
+    if (const Status down = pools.download(pages); !down.is_ok()) return down.message();
     std::string mismatch;
     for_each_element(
         cfg.kv, heads, layers, pages, room, [&](uint32_t buf, uint64_t off, uint8_t want) {
           if (!mismatch.empty()) return;
-          const uint8_t got = std::to_integer<uint8_t>(at(pools.kv[buf], off));
+          const uint8_t got = std::to_integer<uint8_t>(pools.kv(buf, off));
           if (got == want) return;
           // Name the element: invert the layout formula for this offset.
           const uint64_t hb = cfg.kv.head_bytes(), page_bytes = cfg.kv.page_bytes(heads.count);
@@ -213,7 +308,7 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
         });
     const uint64_t slot = (room - 1) % shape.window;
     for (uint64_t i = 0; i < shape.aux_bytes && mismatch.empty(); ++i) {
-      const uint8_t got = std::to_integer<uint8_t>(at(pools.aux, slot * shape.aux_bytes + i));
+      const uint8_t got = std::to_integer<uint8_t>(pools.aux(slot * shape.aux_bytes + i));
       if (got != aux_byte(room, i)) {
         mismatch =
             fmt::format("aux byte {}: got {:#04x}, expected {:#04x}", i, got, aux_byte(room, i));
@@ -230,10 +325,11 @@ Result<nlohmann::json> run_worker(const WorkerArgs& args,
       if (shape.verify) {
         for_each_element(
             cfg.kv, heads, layers, pages, room,
-            [&](uint32_t buf, uint64_t off, uint8_t v) { at(pools.kv[buf], off) = std::byte{v}; });
+            [&](uint32_t buf, uint64_t off, uint8_t v) { pools.kv(buf, off) = std::byte{v}; });
+        PDKV_RETURN_IF_ERROR(pools.upload(pages));
       }
       for (uint64_t i = 0; i < shape.aux_bytes; ++i) {
-        at(pools.aux, slot * shape.aux_bytes + i) = std::byte{aux_byte(room, i)};
+        pools.aux(slot * shape.aux_bytes + i) = std::byte{aux_byte(room, i)};
       }
       PDKV_ASSIGN_OR_RETURN(f.sender, engine->sender(room, shape.decode_engine));
       PDKV_RETURN_IF_ERROR(f.sender->init(pages.size(), static_cast<uint32_t>(slot)));

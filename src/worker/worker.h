@@ -43,11 +43,16 @@ struct Shape {
   uint32_t aux_bytes = 16;
   std::string prefill_engine = "prefill", decode_engine = "decode";
   bool verify = true;  // false: benchmark mode, no pattern written or checked
+  // Where the KV pools live: host, cuda or hip (device memory from
+  // cudaMalloc/hipMalloc; rank r uses device r mod the devices found).
+  std::string device = "host";
 
   uint64_t pages_per_request() const { return (tokens + page_size - 1) / page_size; }
   // Ok, or the flag and value that cannot work.
   Status validate() const;
   KvSpec kv_spec() const;
+  // --device as a MemoryKind (validate() has checked it).
+  MemoryKind device_kind() const;
   // --backend-opt and --rails as the transport's options.
   Result<TransportOptions> transport_options() const;
 };
