@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -103,8 +105,12 @@ int run(const Options& o) {
       ok = memory.is_ok();
       if (ok) pool.push_back({*memory, buffer_bytes, kind, 0});
     }
-    std::vector<std::byte> host(plan->bytes());
-    auto alias = ok ? runtime.pin(host.data(), host.size()) : Result<void*>(Status::internal(""));
+    // Pinned staging, page-aligned as the engine's.
+    const uint64_t host_bytes = (plan->bytes() + 4095) / 4096 * 4096;
+    std::unique_ptr<std::byte, decltype(&std::free)> host(
+        static_cast<std::byte*>(std::aligned_alloc(4096, host_bytes)), &std::free);
+    ok = ok && host != nullptr;
+    auto alias = ok ? runtime.pin(host.get(), host_bytes) : Result<void*>(Status::internal(""));
     auto contiguous = ok ? runtime.allocate(0, plan->bytes()) : Result<void*>(Status::internal(""));
     Row row{pair, plan->bytes(), plan->fragment_count()};
     if (ok && alias.is_ok() && contiguous.is_ok()) {
@@ -118,13 +124,13 @@ int run(const Options& o) {
         return t.is_ok() && s.wait(*t).is_ok();
       });
       row.peak = best_gbps(plan->bytes(), o.repeats, [&] {
-        return runtime.copy(host.data(), *contiguous, plan->bytes()).is_ok();
+        return runtime.copy(host.get(), *contiguous, plan->bytes()).is_ok();
       });
     } else {
       std::fprintf(stderr, "pdkv gpu-bench: %s: cannot allocate the pools (%s)\n", pair.c_str(),
                    (alias.is_ok() ? contiguous.status() : alias.status()).message().c_str());
     }
-    if (alias.is_ok()) runtime.unpin(host.data());
+    if (alias.is_ok()) runtime.unpin(host.get());
     if (contiguous.is_ok()) runtime.release(0, *contiguous);
     for (const MemoryRegion& r : pool) runtime.release(0, r.base);
     std::fprintf(stderr, "pdkv gpu-bench: %s done\n", pair.c_str());

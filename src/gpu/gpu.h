@@ -54,10 +54,12 @@ class Runtime {
   // Plain device memory (never managed memory), zeroed.
   virtual Result<void*> allocate(int device, uint64_t bytes) = 0;
   virtual void release(int device, void* memory) = 0;
-  // Synchronous copy in any direction between host and device memory.
+  // A copy in any direction between host and device memory, complete (on
+  // the device too) when it returns.
   virtual Status copy(void* dst, const void* src, uint64_t bytes) = 0;
-  // Page-locks host memory for the kernels and DMA; returns the address
-  // by which device code reaches it.
+  // Page-locks host memory (page-aligned, to be portable across toolkits)
+  // for the kernels and DMA; returns the address by which device code
+  // reaches it.
   virtual Result<void*> pin(void* host, uint64_t bytes) = 0;
   virtual void unpin(void* host) = 0;
   virtual Result<std::unique_ptr<Stager>> stager(int device) = 0;

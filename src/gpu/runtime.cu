@@ -260,7 +260,10 @@ class ToolkitRuntime final : public Runtime {
                                  std::to_string(device) + ": cannot allocate " +
                                  std::to_string(bytes) + " bytes: " + GPU_API(GetErrorString)(e));
     }
-    const gpu_error zeroed = GPU_API(Memset)(p, 0, bytes);
+    // The memset runs on the default stream, which the stagers' non-blocking
+    // streams do not wait for: it is done before the memory is handed out.
+    gpu_error zeroed = GPU_API(Memset)(p, 0, bytes);
+    if (zeroed == GPU_CONST(Success)) zeroed = GPU_API(DeviceSynchronize)();
     if (zeroed != GPU_CONST(Success)) {
       (void)GPU_API(Free)(p);
       return error_of("Memset", zeroed);
@@ -276,6 +279,10 @@ class ToolkitRuntime final : public Runtime {
 
   Status copy(void* dst, const void* src, uint64_t bytes) override {
     GPU_CHECK(GPU_API(Memcpy)(dst, src, bytes, GPU_CONST(MemcpyDefault)));
+    // From pageable memory Memcpy may return before its DMA has landed, and
+    // the staging kernels run on streams that do not wait for the default
+    // one: the copy is complete when this returns.
+    GPU_CHECK(GPU_API(StreamSynchronize)(nullptr));
     return Status::ok();
   }
 

@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "engine/pool_memory.h"
 #include "gpu/gpu.h"
 #include "worker/kv_pattern.h"
 
@@ -53,7 +54,10 @@ class KvPools {
       p.mirror_.emplace_back(shape.verify ? bytes : 0);
     }
     p.aux_.resize(std::max<uint64_t>(1, uint64_t{cfg.aux_slots} * cfg.aux_bytes));
-    p.staging_.resize(std::max<uint64_t>(1, cfg.staging_bytes));
+    // Page-aligned: the engine pins it for the staging kernels.
+    PDKV_ASSIGN_OR_RETURN(engine::HostMapping staging,
+                          engine::HostMapping::map(std::max<uint64_t>(1, cfg.staging_bytes)));
+    p.staging_.push_back(std::move(staging));
     return p;
   }
   KvPools() = default;
@@ -68,7 +72,7 @@ class KvPools {
     EnginePools p;
     p.kv = regions_;
     p.aux = {aux_.data(), aux_.size(), MemoryKind::kHost, 0};
-    p.staging = {staging_.data(), staging_.size(), MemoryKind::kHost, 0};
+    p.staging = staging_.front().region();
     return p;
   }
   void bind(const EnginePools& pools) { pools_ = &pools; }
@@ -104,7 +108,8 @@ class KvPools {
   uint64_t page_bytes_ = 0;
   std::vector<MemoryRegion> regions_;
   std::vector<std::vector<std::byte>> mirror_;
-  std::vector<std::byte> aux_, staging_;
+  std::vector<std::byte> aux_;
+  std::vector<engine::HostMapping> staging_;  // one, or none for host pools
   const EnginePools* pools_ = nullptr;
 };
 

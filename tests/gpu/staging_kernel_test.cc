@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <span>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -100,8 +103,12 @@ TEST_P(StagingKernel, GatherAndScatterMatchTheHostByteForByte) {
   std::vector<std::span<const std::byte>> src_spans(src_host.begin(), src_host.end());
   ASSERT_TRUE(gather(plan, src_spans, want).is_ok());
 
-  // Kernel gather into pinned host memory (as the engine does) ...
-  std::vector<std::byte> pinned(plan.bytes() + 64, std::byte{0xEE});
+  // Kernel gather into pinned host memory (page-aligned, as the engine's) ...
+  const size_t pinned_bytes = (plan.bytes() + 64 + 4095) / 4096 * 4096;
+  std::unique_ptr<std::byte, decltype(&std::free)> pinned_memory(
+      static_cast<std::byte*>(std::aligned_alloc(4096, pinned_bytes)), &std::free);
+  const std::span<std::byte> pinned(pinned_memory.get(), pinned_bytes);
+  std::fill(pinned.begin(), pinned.end(), std::byte{0xEE});
   void* alias = runtime_->pin(pinned.data(), pinned.size()).value();
   auto ticket = stager_->gather(plan, src_dev, static_cast<std::byte*>(alias) + 32, plan.bytes());
   ASSERT_TRUE(ticket.is_ok()) << ticket.status().to_string();
