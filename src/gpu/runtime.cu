@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpu/gpu.h"
+#include "gpu/stage_copy.h"
 
 #ifdef PDKV_GPU_HIP
 #include <hip/hip_runtime.h>
@@ -52,45 +53,17 @@ Status error_of(const char* call, gpu_error e) {
 
 // ---- The staging kernel -------------------------------------------------
 //
-// A group of lanes (a warp, or a whole block for plans with large
-// fragments) copies one fragment at a time, in 16-byte units when the
-// fragment allows it and byte by byte otherwise. Fragment i comes from
-// fragment_at(), the planner's own arithmetic.
+// Each thread does its share (gpu/stage_copy.h, also run on the host by the
+// unit tests): a group of lanes (a warp, or a whole block for plans with
+// large fragments) copies one fragment at a time, from fragment_at(), the
+// planner's own arithmetic.
 
 constexpr int kThreads = 256;
 
-__device__ void copy_group(unsigned char* dst, const unsigned char* src, uint64_t length,
-                           unsigned lane, unsigned lanes) {
-  const bool wide =
-      ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | length) & 15) == 0;
-  if (wide) {
-    auto* d = reinterpret_cast<uint4*>(dst);
-    const auto* s = reinterpret_cast<const uint4*>(src);
-    for (uint64_t k = lane; k < length / 16; k += lanes) d[k] = s[k];
-  } else {
-    for (uint64_t k = lane; k < length; k += lanes) dst[k] = src[k];
-  }
-}
-
-// gather: pool -> staging; otherwise staging -> pool. `buffers` holds the
-// device address of each pool buffer, by buffer index.
 __global__ void stage_kernel(PlanView plan, const uint64_t* buffers, unsigned char* staging,
                              bool gather, unsigned lanes) {
-  const unsigned groups = kThreads / lanes;
-  const unsigned lane = threadIdx.x % lanes;
-  const uint64_t count = plan.fragment_count();
-  for (uint64_t i = uint64_t{blockIdx.x} * groups + threadIdx.x / lanes; i < count;
-       i += uint64_t{gridDim.x} * groups) {
-    const Fragment f = fragment_at(plan, i);
-    unsigned char* stage = staging + f.staging_offset;
-    if (gather) {
-      const auto* pool = reinterpret_cast<const unsigned char*>(buffers[f.src_buffer]);
-      copy_group(stage, pool + f.src_offset, f.length, lane, lanes);
-    } else {
-      auto* pool = reinterpret_cast<unsigned char*>(buffers[f.dst_buffer]);
-      copy_group(pool + f.dst_offset, stage, f.length, lane, lanes);
-    }
-  }
+  stage_thread(plan, buffers, staging, gather, lanes, kThreads, blockIdx.x, gridDim.x,
+               threadIdx.x);
 }
 
 // ---- Stager --------------------------------------------------------------
@@ -200,16 +173,7 @@ class DeviceStager final : public Stager {
     const auto* device_table =
         reinterpret_cast<const uint64_t*>(device + pieces_bytes + runs_bytes);
     if (count > 0) {
-      // A warp per fragment, unless fragments are large (whole pages).
-      const PlanView host_view = plan.view();
-      uint64_t piece = 0, pages = 0;
-      for (uint64_t p = 0; p < host_view.piece_count; ++p) {
-        piece = std::max(piece, host_view.pieces[p].length);
-      }
-      for (uint64_t r = 0; r < host_view.run_count; ++r) {
-        pages = std::max(pages, host_view.runs[r].count);
-      }
-      const unsigned lanes = piece * pages > (64 << 10) ? kThreads : 32;
+      const unsigned lanes = lanes_for(plan.view(), kThreads);
       const uint64_t groups = kThreads / lanes;
       const auto blocks =
           static_cast<unsigned>(std::min<uint64_t>((count + groups - 1) / groups, max_blocks_));
