@@ -8,7 +8,8 @@
 // into runs when a page moves whole on both sides. A fragment is then pure
 // index arithmetic over (layer/K/V, run, template piece), which is what lets
 // backends post fragments, and the staging gather/scatter (host memcpy here,
-// GPU kernels later) walk the same plan without materialising it.
+// GPU kernels in src/gpu/ through pdkv/plan_view.h) walk the same plan
+// without materialising it.
 //
 // Buffer numbering: a rank's pool is one buffer per (local layer, K/V); buffer
 // index = local_layer * buffers_per_layer + kv, kv 0 = K, 1 = V (MLA: one).
