@@ -34,6 +34,13 @@ const char* memory_kind_name(MemoryKind kind) {
   return "unknown";
 }
 
+Result<MemoryKind> parse_memory_kind(std::string_view name) {
+  for (MemoryKind kind : {MemoryKind::kHost, MemoryKind::kCuda, MemoryKind::kHip}) {
+    if (name == memory_kind_name(kind)) return kind;
+  }
+  return Status::invalid_argument(fmt::format("'{}' is not host, cuda or hip", name));
+}
+
 bool register_transport(const std::string& name, TransportFactory factory) {
   Registry& r = registry();
   std::lock_guard lock(r.mu);

@@ -26,7 +26,8 @@
 namespace pdkv {
 
 enum class MemoryKind : uint8_t { kHost, kCuda, kHip };
-const char* memory_kind_name(MemoryKind kind);
+const char* memory_kind_name(MemoryKind kind);                // "host", "cuda", "hip"
+Result<MemoryKind> parse_memory_kind(std::string_view name);  // the inverse
 
 // Registered once at start-up, never per request or per page.
 struct MemoryRegion {

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "engine/pool_memory.h"
 #include "gpu/gpu.h"
 #include "pdkv/plan.h"
 
@@ -49,92 +49,102 @@ double best_gbps(uint64_t bytes, uint32_t repeats, F&& once) {
   return best;
 }
 
+// Device memory, released with its owner.
+struct DeviceBuffer {
+  gpu::Runtime* runtime;
+  void* base;
+  ~DeviceBuffer() { runtime->release(0, base); }
+};
+
+// Host memory pinned for the kernels, page-aligned as the engine's.
+struct PinnedHost {
+  gpu::Runtime* runtime;
+  engine::HostMapping memory;
+  void* alias;
+  ~PinnedHost() { runtime->unpin(memory.region().base); }
+};
+
+// The figures of one TP pair: prefill rank 0's route to the first decode
+// rank it feeds, one request with its pages shuffled as a cache leaves them.
+Result<Row> measure(gpu::Runtime& runtime, gpu::Stager& stager, Planner& planner,
+                    const std::string& pair, const Options& o) {
+  constexpr uint32_t kHeads = 8, kLayers = 32, kPageSize = 16;
+  uint32_t p = 0, d = 0;
+  if (std::sscanf(pair.c_str(), "%u->%u", &p, &d) != 2 || p == 0 || d == 0) {
+    return Status::invalid_argument(fmt::format("--pairs '{}' is not P->D", pair));
+  }
+  const uint64_t pages = (o.tokens + kPageSize - 1) / kPageSize;
+  const KvSpec spec{kHeads, 128, 2, kPageSize, kLayers, pages, Layout::kNhd, false};
+  PDKV_ASSIGN_OR_RETURN(auto src_axis, AxisSharding::even(kHeads, p));
+  PDKV_ASSIGN_OR_RETURN(auto dst_axis, AxisSharding::even(kHeads, d));
+  PDKV_ASSIGN_OR_RETURN(auto map, transfer_map(src_axis, dst_axis));
+  const Segment seg = segments_from(map, 0).front();
+  const RankShard src{spec, src_axis.owned(0).value(), {0, kLayers}};
+  const RankShard dst{spec, dst_axis.owned(seg.dst_rank).value(), {0, kLayers}};
+  std::vector<uint64_t> order(pages);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
+  PDKV_ASSIGN_OR_RETURN(TransferPlan plan,
+                        planner.plan(src, dst, {seg, {0, 0, 0, 0, kLayers}}, order, order));
+
+  std::vector<std::unique_ptr<DeviceBuffer>> owned;
+  auto device_buffer = [&](uint64_t bytes) -> Result<void*> {
+    PDKV_ASSIGN_OR_RETURN(void* base, runtime.allocate(0, bytes));
+    owned.push_back(std::make_unique<DeviceBuffer>(DeviceBuffer{&runtime, base}));
+    return base;
+  };
+  std::vector<MemoryRegion> pool;
+  const uint64_t buffer_bytes = pages * spec.page_bytes(src.heads.count);
+  for (uint32_t b = 0; b < kLayers * 2; ++b) {
+    PDKV_ASSIGN_OR_RETURN(void* base, device_buffer(buffer_bytes));
+    pool.push_back({base, buffer_bytes, runtime.kind(), 0});
+  }
+  PDKV_ASSIGN_OR_RETURN(void* contiguous, device_buffer(plan.bytes()));
+  PDKV_ASSIGN_OR_RETURN(engine::HostMapping host, engine::HostMapping::map(plan.bytes()));
+  void* host_base = host.region().base;
+  PDKV_ASSIGN_OR_RETURN(void* alias, runtime.pin(host_base, plan.bytes()));
+  const PinnedHost pinned{&runtime, std::move(host), alias};
+
+  Row row{pair, plan.bytes(), plan.fragment_count()};
+  row.gather = best_gbps(plan.bytes(), o.repeats, [&] {
+    auto t = stager.gather(plan, pool, alias, plan.bytes());
+    return t.is_ok() && stager.wait(*t).is_ok();
+  });
+  row.scatter = best_gbps(plan.bytes(), o.repeats, [&] {
+    auto t = stager.scatter(plan, alias, plan.bytes(), pool);
+    return t.is_ok() && stager.wait(*t).is_ok();
+  });
+  row.peak = best_gbps(plan.bytes(), o.repeats,
+                       [&] { return runtime.copy(host_base, contiguous, plan.bytes()).is_ok(); });
+  return row;
+}
+
 int run(const Options& o) {
-  const MemoryKind kind = o.device == "hip" ? MemoryKind::kHip : MemoryKind::kCuda;
-  auto rt = gpu::runtime(kind);
+  const auto kind = parse_memory_kind(o.device);
+  auto rt = kind.is_ok() ? gpu::runtime_with_device(*kind) : Result<gpu::Runtime*>(kind.status());
   if (!rt.is_ok()) {
     std::fprintf(stderr, "pdkv gpu-bench: %s\n", rt.status().message().c_str());
     return kExitInvalidInput;
   }
   gpu::Runtime& runtime = **rt;
-  if (runtime.device_count() == 0) {
-    std::fprintf(stderr, "pdkv gpu-bench: no %s device found\n", o.device.c_str());
-    return kExitInvalidInput;
-  }
   auto stager = runtime.stager(0);
   if (!stager.is_ok()) {
     std::fprintf(stderr, "pdkv gpu-bench: %s\n", stager.status().to_string().c_str());
     return kExitFailure;
   }
-  constexpr uint32_t kHeads = 8, kLayers = 32, kPageSize = 16;
-  const uint64_t pages = (o.tokens + kPageSize - 1) / kPageSize;
   std::vector<Row> rows;
   Planner planner;
   for (const std::string& pair : o.pairs) {
-    uint32_t p = 0, d = 0;
-    if (std::sscanf(pair.c_str(), "%u->%u", &p, &d) != 2 || p == 0 || d == 0) {
-      std::fprintf(stderr, "pdkv gpu-bench: --pairs '%s' is not P->D\n", pair.c_str());
-      return kExitInvalidInput;
+    auto row = measure(runtime, **stager, planner, pair, o);
+    if (!row.is_ok()) {
+      std::fprintf(stderr, "pdkv gpu-bench: %s: %s\n", pair.c_str(),
+                   row.status().to_string().c_str());
+      if (row.status().code() == StatusCode::kInvalidArgument) return kExitInvalidInput;
+      rows.push_back(Row{pair});  // zeros: the run fails at the end
+      continue;
     }
-    const KvSpec spec{kHeads, 128, 2, kPageSize, kLayers, pages, Layout::kNhd, false};
-    auto src_axis = AxisSharding::even(kHeads, p);
-    auto dst_axis = AxisSharding::even(kHeads, d);
-    if (!src_axis.is_ok() || !dst_axis.is_ok()) {
-      std::fprintf(stderr, "pdkv gpu-bench: %s\n",
-                   (src_axis.is_ok() ? dst_axis.status() : src_axis.status()).message().c_str());
-      return kExitInvalidInput;
-    }
-    // Prefill rank 0's route to the first decode rank it feeds.
-    const auto map = transfer_map(*src_axis, *dst_axis).value();
-    const Segment seg = segments_from(map, 0).front();
-    const RankShard src{spec, src_axis->owned(0).value(), {0, kLayers}};
-    const RankShard dst{spec, dst_axis->owned(seg.dst_rank).value(), {0, kLayers}};
-    std::vector<uint64_t> order(pages);
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), std::mt19937_64(7));  // pages as a cache leaves them
-    auto plan = planner.plan(src, dst, {seg, {0, 0, 0, 0, kLayers}}, order, order);
-    if (!plan.is_ok()) {
-      std::fprintf(stderr, "pdkv gpu-bench: %s\n", plan.status().to_string().c_str());
-      return kExitFailure;
-    }
-    std::vector<MemoryRegion> pool;
-    const uint64_t buffer_bytes = pages * spec.page_bytes(src.heads.count);
-    bool ok = true;
-    for (uint32_t b = 0; b < kLayers * 2 && ok; ++b) {
-      auto memory = runtime.allocate(0, buffer_bytes);
-      ok = memory.is_ok();
-      if (ok) pool.push_back({*memory, buffer_bytes, kind, 0});
-    }
-    // Pinned staging, page-aligned as the engine's.
-    const uint64_t host_bytes = (plan->bytes() + 4095) / 4096 * 4096;
-    std::unique_ptr<std::byte, decltype(&std::free)> host(
-        static_cast<std::byte*>(std::aligned_alloc(4096, host_bytes)), &std::free);
-    ok = ok && host != nullptr;
-    auto alias = ok ? runtime.pin(host.get(), host_bytes) : Result<void*>(Status::internal(""));
-    auto contiguous = ok ? runtime.allocate(0, plan->bytes()) : Result<void*>(Status::internal(""));
-    Row row{pair, plan->bytes(), plan->fragment_count()};
-    if (ok && alias.is_ok() && contiguous.is_ok()) {
-      auto& s = **stager;
-      row.gather = best_gbps(plan->bytes(), o.repeats, [&] {
-        auto t = s.gather(*plan, pool, *alias, plan->bytes());
-        return t.is_ok() && s.wait(*t).is_ok();
-      });
-      row.scatter = best_gbps(plan->bytes(), o.repeats, [&] {
-        auto t = s.scatter(*plan, *alias, plan->bytes(), pool);
-        return t.is_ok() && s.wait(*t).is_ok();
-      });
-      row.peak = best_gbps(plan->bytes(), o.repeats, [&] {
-        return runtime.copy(host.get(), *contiguous, plan->bytes()).is_ok();
-      });
-    } else {
-      std::fprintf(stderr, "pdkv gpu-bench: %s: cannot allocate the pools (%s)\n", pair.c_str(),
-                   (alias.is_ok() ? contiguous.status() : alias.status()).message().c_str());
-    }
-    if (alias.is_ok()) runtime.unpin(host.get());
-    if (contiguous.is_ok()) runtime.release(0, *contiguous);
-    for (const MemoryRegion& r : pool) runtime.release(0, r.base);
     std::fprintf(stderr, "pdkv gpu-bench: %s done\n", pair.c_str());
-    rows.push_back(row);
+    rows.push_back(*row);
   }
   std::printf("%-6s %12s %10s %12s %12s %12s %9s\n", "pair", "MiB", "fragments", "gather GB/s",
               "scatter GB/s", "D2H GB/s", "x_peak");

@@ -132,15 +132,15 @@ Result<std::shared_ptr<EngineCore>> EngineCore::start(EngineConfig config,
 Status EngineCore::init(std::unique_ptr<Transport> transport) {
   transport_ = std::move(transport);
   PDKV_ASSIGN_OR_RETURN(
-      device_staging_,
-      DeviceStaging::create(config_, pools_, transport_->capabilities(), config_.backend));
-  const bool kv_on_device = !pools_.kv.empty() && pools_.kv.front().kind != MemoryKind::kHost;
-  if (kv_on_device && !device_staging_ && config_.staging != Staging::kNaive) {
+      pool_staging_,
+      PoolStaging::create(config_, pools_, transport_->capabilities(), config_.backend));
+  if (pool_staging_->mode() == PoolStaging::Mode::kDeviceDirect &&
+      config_.staging != Staging::kNaive) {
     // The transport writes device pages directly: nothing to gather on the
     // host, which could not read them anyway.
     config_.staging = Staging::kOff;
   }
-  if (!device_staging_) {  // staged-only pools are never written in place
+  if (pool_staging_->mode() != PoolStaging::Mode::kDeviceStaged) {  // else never written in place
     for (const MemoryRegion& region : pools_.kv) {
       PDKV_ASSIGN_OR_RETURN(RegionKey key, transport_->register_region(region));
       kv_keys_.push_back(key);
@@ -193,7 +193,7 @@ Status EngineCore::init(std::unique_ptr<Transport> transport) {
   self_.mutable_state()->set_channel_bytes(config_.state.channel_bytes);
   self_.mutable_state()->set_num_slots(config_.state.num_slots);
   self_.set_kv_region_first(kv_keys_.empty() ? 0 : kv_keys_.front());
-  self_.set_kv_staged_only(device_staging_ != nullptr);
+  self_.set_kv_staged_only(staged_only());
   self_.set_aux_region(aux_key_);
   self_.set_state_region(state_key_);
   self_.set_staging_region(staging_key_);

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "bootstrap/client.h"
-#include "engine/device_staging.h"
 #include "engine/peer_links.h"
 #include "engine/pool_memory.h"
+#include "engine/pool_staging.h"
 #include "engine/routing.h"
 #include "engine/staging_pool.h"
 #include "pdkv.grpc.pb.h"
@@ -159,7 +159,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Status post_writes(PrefillRoom& room, Destination& dest);
   // Decode: reserves a staging slot for `source` when staging pays (see Staging).
   // False while a route that must be staged (device pools, see
-  // DeviceStaging) waits for room in the pool; an error when it never can be.
+  // PoolStaging) waits for room in the pool; an error when it never can be.
   Result<bool> reserve_staging(const DecodeRoom& room, Source& source);
   // Decode: scatters a source's staging slot into the pool and frees it.
   Status scatter_staged(const DecodeRoom& room, Source& source);
@@ -176,6 +176,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   size_t fail_rooms_waiting_on(const std::string& key, const Status& reason);
   Status check_room_unused(RoomId id) const;  // mu_ held
   void wake() { cv_.notify_all(); }
+  // Every KV route of this rank is staged (device pools the transport
+  // cannot register).
+  bool staged_only() const { return pool_staging_->mode() == PoolStaging::Mode::kDeviceStaged; }
   void run_actions();  // an action thread: control calls to peers, never under mu_
   // Waits (mu_ held through `lock`) until the lookup of `key` has ended; null
   // unless it succeeded.
@@ -202,10 +205,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   RankShard shard_;
   uint32_t local_channels_ = 0;
   std::unique_ptr<Transport> transport_;
-  // KV pools in device memory that the transport cannot register: kernels
-  // gather and scatter them through the (pinned) staging pool. Declared
-  // after transport_, so that it goes first.
-  std::unique_ptr<DeviceStaging> device_staging_;
+  // How KV pools and the staging pool exchange bytes (host memcpy, or GPU
+  // kernels); declared after transport_, so that it goes first.
+  std::unique_ptr<PoolStaging> pool_staging_;
   bool staging_starved_ = false;  // a must-stage route waits for a slot
   std::vector<RegionKey> kv_keys_;
   RegionKey aux_key_ = 0, state_key_ = 0, staging_key_ = 0;

@@ -258,7 +258,7 @@ Result<TransferPlan> EngineCore::staging_plan(const Source& source,
 Result<bool> EngineCore::reserve_staging(const DecodeRoom& room, Source& source) {
   // Device pools that a transport cannot write in place (here or at the
   // source) leave no choice: the route is staged, or waits until it can be.
-  const bool must = source.link.kv && (device_staging_ || source.rank.kv_staged_only());
+  const bool must = source.link.kv && (staged_only() || source.rank.kv_staged_only());
   if (must) {
     if (config_.staging_bytes == 0 || source.rank.staging_bytes() == 0) {
       return Status::failed_precondition(fmt::format(
@@ -301,19 +301,7 @@ Result<bool> EngineCore::reserve_staging(const DecodeRoom& room, Source& source)
 
 Status EngineCore::scatter_staged(const DecodeRoom& room, Source& source) {
   PDKV_ASSIGN_OR_RETURN(TransferPlan plan, staging_plan(source, *room.metadata));
-  Status st;
-  if (device_staging_) {
-    st = device_staging_->scatter(plan, *source.staging_offset);
-  } else {
-    std::vector<std::span<std::byte>> pool;
-    for (const MemoryRegion& r : pools_.kv) {
-      pool.emplace_back(static_cast<std::byte*>(r.base), r.length);
-    }
-    const std::span<const std::byte> slot(
-        static_cast<const std::byte*>(pools_.staging.base) + *source.staging_offset,
-        source.staging_bytes);
-    st = scatter(plan, slot, pool);
-  }
+  const Status st = pool_staging_->scatter(plan, *source.staging_offset);
   staging_pool_.release(*source.staging_offset);
   source.staging_offset.reset();
   return st.with_context(

@@ -377,21 +377,11 @@ Status EngineCore::post_writes(PrefillRoom& room, Destination& dest) {
       dest.local_staging = staging_pool_.allocate(plan.bytes());
       if (!dest.local_staging) return Status::ok();  // no room to gather yet: retry when freed
     }
-    if (device_staging_) {
-      PDKV_RETURN_IF_ERROR(device_staging_->gather(plan, *dest.local_staging));
-    } else {
-      std::vector<std::span<const std::byte>> pool;
-      for (const MemoryRegion& r : pools_.kv) {
-        pool.emplace_back(static_cast<const std::byte*>(r.base), r.length);
-      }
-      const std::span<std::byte> block(
-          static_cast<std::byte*>(pools_.staging.base) + *dest.local_staging, plan.bytes());
-      PDKV_RETURN_IF_ERROR(gather(plan, pool, block));
-    }
+    PDKV_RETURN_IF_ERROR(pool_staging_->gather(plan, *dest.local_staging));
     ops.push_back({staging_key_, *dest.local_staging, dest.rank.staging_region(),
                    info.staging_offset(), plan.bytes()});
     ++stats_.staged_routes;
-  } else if (dest.link.kv && device_staging_) {
+  } else if (dest.link.kv && staged_only()) {
     return Status::failed_precondition(fmt::format(
         "room {}: {} reserved no staging slot, but this rank's KV pools are device memory that "
         "backend '{}' cannot register",

@@ -35,4 +35,13 @@ Result<Runtime*> runtime(MemoryKind kind) {
       fmt::format("{} memory needs no GPU runtime", memory_kind_name(kind)));
 }
 
+Result<Runtime*> runtime_with_device(MemoryKind kind) {
+  PDKV_ASSIGN_OR_RETURN(Runtime * rt, runtime(kind));
+  if (rt->device_count() == 0) {
+    return Status::failed_precondition(
+        fmt::format("no {} device found", kind == MemoryKind::kCuda ? "CUDA" : "HIP"));
+  }
+  return rt;
+}
+
 }  // namespace pdkv::gpu

@@ -68,5 +68,8 @@ class Runtime {
 // The runtime for kCuda or kHip; an error naming the build option when pdkv
 // was built without it, or the kind is kHost.
 Result<Runtime*> runtime(MemoryKind kind);
+// As runtime(), and an error too when it sees no device ("no CUDA device
+// found").
+Result<Runtime*> runtime_with_device(MemoryKind kind);
 
 }  // namespace pdkv::gpu

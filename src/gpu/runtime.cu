@@ -129,11 +129,9 @@ class DeviceStager final : public Stager {
   }
 
   // Grows the pinned and device scratch that carry a plan's runs, pieces and
-  // buffer addresses to the device. Earlier launches read the device copy,
-  // so the stream drains first.
+  // buffer addresses to the device. The stream must be idle.
   Status reserve(uint64_t bytes) {
     if (bytes <= scratch_bytes_) return Status::ok();
-    GPU_CHECK(GPU_API(StreamSynchronize)(stream_));
     if (device_scratch_) GPU_CHECK(GPU_API(Free)(device_scratch_));
     if (host_scratch_) GPU_CHECK(GPU_HOST_FREE(host_scratch_));
     device_scratch_ = nullptr;
@@ -154,9 +152,11 @@ class DeviceStager final : public Stager {
     const uint64_t pieces_bytes = view.piece_count * sizeof(TemplatePiece);
     const uint64_t runs_bytes = view.run_count * sizeof(PageRun);
     const uint64_t table_bytes = buffers.size() * sizeof(uint64_t);
-    PDKV_RETURN_IF_ERROR(reserve(pieces_bytes + runs_bytes + table_bytes));
-    // The host scratch is rewritten only once the previous upload has left.
+    const uint64_t total = pieces_bytes + runs_bytes + table_bytes;
+    // The scratch is rewritten (or replaced) only once earlier launches have
+    // read it.
     GPU_CHECK(GPU_API(StreamSynchronize)(stream_));
+    PDKV_RETURN_IF_ERROR(reserve(total));
     auto* host = static_cast<unsigned char*>(host_scratch_);
     std::copy_n(reinterpret_cast<const unsigned char*>(view.pieces), pieces_bytes, host);
     std::copy_n(reinterpret_cast<const unsigned char*>(view.runs), runs_bytes, host + pieces_bytes);
@@ -164,7 +164,6 @@ class DeviceStager final : public Stager {
     for (size_t b = 0; b < buffers.size(); ++b) {
       table[b] = reinterpret_cast<uint64_t>(buffers[b].base);
     }
-    const uint64_t total = pieces_bytes + runs_bytes + table_bytes;
     GPU_CHECK(GPU_API(MemcpyAsync)(device_scratch_, host_scratch_, total,
                                    GPU_CONST(MemcpyHostToDevice), stream_));
     auto* device = static_cast<unsigned char*>(device_scratch_);

@@ -138,16 +138,11 @@ Status Shape::validate() const {
     return Status::invalid_argument(
         fmt::format("--staging '{}' is not on, off, auto or naive", staging));
   }
-  if (device != "host") {
-    if (device != "cuda" && device != "hip") {
-      return Status::invalid_argument(
-          fmt::format("--device '{}' is not host, cuda or hip", device));
-    }
-    PDKV_ASSIGN_OR_RETURN(gpu::Runtime * runtime, gpu::runtime(device_kind()));
-    if (runtime->device_count() == 0) {
-      return Status::failed_precondition(fmt::format("--device {}: no {} device found", device,
-                                                     device == "cuda" ? "CUDA" : "HIP"));
-    }
+  const auto kind = parse_memory_kind(device);
+  PDKV_RETURN_IF_ERROR(kind.status().with_context("--device"));
+  if (*kind != MemoryKind::kHost) {
+    PDKV_RETURN_IF_ERROR(
+        gpu::runtime_with_device(*kind).status().with_context("--device " + device));
   }
   PDKV_ASSIGN_OR_RETURN(Layout l, parse_layout(layout));
   (void)l;
@@ -198,9 +193,8 @@ KvSpec Shape::kv_spec() const {
 }
 
 MemoryKind Shape::device_kind() const {
-  return device == "cuda"  ? MemoryKind::kCuda
-         : device == "hip" ? MemoryKind::kHip
-                           : MemoryKind::kHost;
+  const auto kind = parse_memory_kind(device);
+  return kind.is_ok() ? *kind : MemoryKind::kHost;
 }
 
 std::vector<uint64_t> request_pages(const Shape& shape, Role role, uint64_t room) {

@@ -6,14 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <span>
 #include <numeric>
 #include <random>
+#include <span>
 #include <vector>
 
+#include "engine/pool_memory.h"
 #include "gpu/gpu.h"
 #include "pdkv/plan.h"
 #include "support/route_case.h"
@@ -104,10 +104,9 @@ TEST_P(StagingKernel, GatherAndScatterMatchTheHostByteForByte) {
   ASSERT_TRUE(gather(plan, src_spans, want).is_ok());
 
   // Kernel gather into pinned host memory (page-aligned, as the engine's) ...
-  const size_t pinned_bytes = (plan.bytes() + 64 + 4095) / 4096 * 4096;
-  std::unique_ptr<std::byte, decltype(&std::free)> pinned_memory(
-      static_cast<std::byte*>(std::aligned_alloc(4096, pinned_bytes)), &std::free);
-  const std::span<std::byte> pinned(pinned_memory.get(), pinned_bytes);
+  const auto pinned_memory = engine::HostMapping::map(plan.bytes() + 64).value();
+  const std::span<std::byte> pinned(static_cast<std::byte*>(pinned_memory.region().base),
+                                    plan.bytes() + 64);
   std::fill(pinned.begin(), pinned.end(), std::byte{0xEE});
   void* alias = runtime_->pin(pinned.data(), pinned.size()).value();
   auto ticket = stager_->gather(plan, src_dev, static_cast<std::byte*>(alias) + 32, plan.bytes());
