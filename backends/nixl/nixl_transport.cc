@@ -272,11 +272,11 @@ auto NixlTransport::run(F&& task) -> decltype(task()) {
 }
 
 void NixlTransport::progress_loop() {
-  // Idle, the thread wakes every kIdleTick for what arrives unasked. Peers'
-  // puts into memory UCX did not allocate arrive that way too (emulated with
-  // active messages that this side copies out), so for kHotWindow after any
-  // such event it ticks at kHotTick: a transfer in progress is not held up
-  // by a sleeping target, and a quiet rank costs almost nothing.
+  // Idle, the thread wakes every kIdleTick for what arrives unasked. Emulated
+  // puts (into memory UCX did not allocate: file comment) arrive that way
+  // too, so for kHotWindow after any such event it ticks at kHotTick: a
+  // transfer in progress is not held up by a sleeping target, and a quiet
+  // rank costs almost nothing.
   constexpr std::chrono::microseconds kIdleTick{2000}, kHotTick{50}, kHotWindow{5000};
   auto hot_until = std::chrono::steady_clock::time_point::min();
   std::unique_lock lock(mu_);
@@ -302,9 +302,7 @@ Result<MemoryRegion> NixlTransport::allocate(uint64_t length) {
   if (length == 0) return Status::invalid_argument("nixl: allocation of 0 bytes");
   return run([&]() -> Result<MemoryRegion> {
     // UCX picks the allocator (UCX_MEM_ALLOC_METHODS; sysv or posix shared
-    // memory first). Peers' puts then go straight into it over the shared-
-    // memory transports instead of being emulated with active messages that
-    // this rank's progress thread must copy out.
+    // memory first), so that peers' puts go straight into it (file comment).
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                     UCP_MEM_MAP_PARAM_FIELD_FLAGS;
