@@ -2,9 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <thread>
-
 #include "grpc_status.h"
 
 namespace pdkv::bootstrap {
@@ -47,34 +44,6 @@ Result<std::vector<proto::RankInfo>> Client::topology(const std::string& engine_
   const grpc::Status s = stub_->GetTopology(&ctx, request, &reply);
   if (!s.ok()) return from_grpc(s, fmt::format("bootstrap {} GetTopology", address_));
   return std::vector<proto::RankInfo>(reply.ranks().begin(), reply.ranks().end());
-}
-
-Result<std::vector<proto::RankInfo>> Client::wait_for_topology(
-    const std::string& engine_id, uint32_t dp_rank, std::chrono::milliseconds timeout,
-    const std::function<bool()>& cancelled) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::chrono::milliseconds backoff{10};
-  Status last;
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    if (cancelled && cancelled())
-      return Status::aborted("topology lookup cancelled: shutting down");
-    auto ranks = topology(engine_id, dp_rank, std::min(left, std::chrono::milliseconds{1000}));
-    if (ranks.is_ok()) return ranks;
-    last = ranks.status();
-    // Not registered yet, or not even one rank yet: both resolve with time.
-    const bool retry = last.code() == StatusCode::kUnavailable ||
-                       last.code() == StatusCode::kNotFound ||
-                       last.code() == StatusCode::kDeadlineExceeded;
-    if (!retry) return last;
-    std::this_thread::sleep_for(std::min(backoff, left));  // retry pacing, not synchronisation
-    backoff = std::min(backoff * 2, std::chrono::milliseconds{200});
-  }
-  return Status::deadline_exceeded(
-      fmt::format("topology of engine '{}' dp {} not complete after {} ms; last answer: {}",
-                  engine_id, dp_rank, timeout.count(), last.message()));
 }
 
 }  // namespace pdkv::bootstrap

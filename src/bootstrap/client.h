@@ -23,13 +23,9 @@ class Client {
   // One query; unavailable while ranks are missing.
   Result<std::vector<proto::RankInfo>> topology(const std::string& engine_id, uint32_t dp_rank,
                                                 std::chrono::milliseconds timeout);
-  // Retries while the answer is unavailable (ranks still registering, or the
-  // service not up yet), with capped backoff, until `timeout`; then
-  // deadline_exceeded naming the last answer.
-  // `cancelled`, when given, is checked between attempts (engine shutdown).
-  Result<std::vector<proto::RankInfo>> wait_for_topology(
-      const std::string& engine_id, uint32_t dp_rank, std::chrono::milliseconds timeout,
-      const std::function<bool()>& cancelled = {});
+  // For calls made without blocking (the engine's lookups).
+  proto::Bootstrap::Stub& stub() { return *stub_; }
+  const std::string& address() const { return address_; }
 
  private:
   std::string address_;

@@ -1,6 +1,9 @@
 #include "bootstrap/registry.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include "pdkv/sharding.h"
 
@@ -37,7 +40,11 @@ Status check_same_engine(const proto::RankInfo& a, const proto::RankInfo& b) {
   if (a.pp_size() != b.pp_size()) return differ("pp_size", a.pp_size(), b.pp_size());
   if (a.dp_size() != b.dp_size()) return differ("dp_size", a.dp_size(), b.dp_size());
   if (a.role() != b.role()) return differ("role", role_text(a.role()), role_text(b.role()));
-  if (a.aux_bytes() != b.aux_bytes()) return differ("aux_bytes", a.aux_bytes(), b.aux_bytes());
+  if (!std::equal(a.aux_item_bytes().begin(), a.aux_item_bytes().end(),
+                  b.aux_item_bytes().begin(), b.aux_item_bytes().end())) {
+    return differ("aux_item_bytes", fmt::format("[{}]", fmt::join(a.aux_item_bytes(), ", ")),
+                  fmt::format("[{}]", fmt::join(b.aux_item_bytes(), ", ")));
+  }
   if (a.state().channels() != b.state().channels())
     return differ("state channels", a.state().channels(), b.state().channels());
   if (a.state().channel_bytes() != b.state().channel_bytes())

@@ -34,7 +34,9 @@ struct Child {
   int out = -1;
   std::string buffer;
   uint64_t progress = 0;
+  std::set<uint64_t> ok_rooms;  // from "progress N room R ok" lines
   std::optional<nlohmann::json> summary;
+  bool lost = false;  // ended by a signal the user sent (--keep-going)
   bool exited = false;
   int status = 0;
 };
@@ -84,6 +86,27 @@ std::vector<std::string> read_lines(Child& c) {
   return lines;
 }
 
+// Signals that a person (or a fault campaign) sends to stop a process, as
+// opposed to a crash (SIGSEGV, SIGABRT, SIGBUS, ...).
+bool user_signal(int status) {
+  if (!WIFSIGNALED(status)) return false;
+  const int sig = WTERMSIG(status);
+  return sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT;
+}
+
+// A worker's line: "progress N room R ok|failed", or its JSON summary.
+void take_line(Child& c, const std::string& line) {
+  if (line.rfind("progress ", 0) == 0) {
+    unsigned long long done = 0, room = 0;
+    char verdict[8] = {};
+    const int n = std::sscanf(line.c_str(), "progress %llu room %llu %7s", &done, &room, verdict);
+    if (n >= 1) c.progress = done;
+    if (n == 3 && std::string(verdict) == "ok") c.ok_rooms.insert(room);
+  } else if (!line.empty() && line[0] == '{') {
+    c.summary = nlohmann::json::parse(line, nullptr, false);
+  }
+}
+
 std::string exit_text(int status) {
   if (WIFSIGNALED(status))
     return fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
@@ -112,7 +135,7 @@ ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
   bootstrap.name = "bootstrap";
   if (Status st = spawn(bootstrap, {exe, "bootstrap", "--host", "127.0.0.1", "--port", "0"});
       !st.is_ok()) {
-    return {{}, st.message()};
+    return {{}, {}, st.message()};
   }
   // Its first line names the port it bound.
   std::string address;
@@ -127,7 +150,7 @@ ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
   children.push_back(std::move(bootstrap));
   if (address.empty()) {
     stop_all(children);
-    return {{}, "the bootstrap service did not start"};
+    return {{}, {}, "the bootstrap service did not start"};
   }
   for (int side = 0; side < 2; ++side) {
     const bool prefill = side == 0;
@@ -142,7 +165,7 @@ ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
       }
       if (Status st = spawn(c, args); !st.is_ok()) {
         stop_all(children);
-        return {{}, st.message()};
+        return {{}, {}, st.message()};
       }
       children.push_back(std::move(c));
     }
@@ -167,18 +190,14 @@ ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
     ::poll(fds.data(), fds.size(), 100);
     for (size_t i = 0; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
-      for (const auto& line : read_lines(*owners[i])) {
-        if (line.rfind("progress ", 0) == 0) {
-          owners[i]->progress = std::stoull(line.substr(9));
-        } else if (!line.empty() && line[0] == '{') {
-          owners[i]->summary = nlohmann::json::parse(line, nullptr, false);
-        }
-      }
+      for (const auto& line : read_lines(*owners[i])) take_line(*owners[i], line);
     }
     // Every worker has reported: allow a few seconds to exit, then stop the
     // stragglers (their outcome is in), saying who lingered.
     bool all_reported = true;
-    for (size_t i = 1; i < children.size(); ++i) all_reported &= children[i].summary.has_value();
+    for (size_t i = 1; i < children.size(); ++i) {
+      all_reported &= children[i].summary.has_value() || children[i].lost;
+    }
     if (all_reported && !reported_at) reported_at = std::chrono::steady_clock::now();
     if (reported_at && std::chrono::steady_clock::now() - *reported_at > std::chrono::seconds(5)) {
       for (size_t i = 1; i < children.size(); ++i) {
@@ -195,20 +214,27 @@ ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
       Child& c = children[i];
       if (c.exited || waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
       c.exited = true;
-      // A worker that ends without its summary died: the run is over.
+      // A worker that ends without its summary died: the run is over,
+      // unless the user stopped it in a run that keeps going.
       while (c.out >= 0) {
-        for (const auto& line : read_lines(c)) {
-          if (!line.empty() && line[0] == '{')
-            c.summary = nlohmann::json::parse(line, nullptr, false);
-        }
+        for (const auto& line : read_lines(c)) take_line(c, line);
       }
       if (!c.summary || c.summary->is_discarded()) {
-        failure = fmt::format("{} (pid {}) died: {}", c.name, c.pid, exit_text(c.status));
+        c.summary.reset();
+        if (s.keep_going && user_signal(c.status)) {
+          c.lost = true;
+          std::fprintf(stderr, "pdkv: %s (pid %d) %s; the run goes on\n", c.name.c_str(), c.pid,
+                       exit_text(c.status).c_str());
+        } else {
+          failure = fmt::format("{} (pid {}) died: {}", c.name, c.pid, exit_text(c.status));
+        }
       }
     }
     uint64_t done = s.requests;
     for (size_t i = 1; i < children.size(); ++i) {
-      if (children[i].name.rfind("decode", 0) == 0) done = std::min(done, children[i].progress);
+      if (children[i].name.rfind("decode", 0) == 0 && !children[i].lost) {
+        done = std::min(done, children[i].progress);
+      }
     }
     if (done != shown) {
       shown = done;
@@ -223,21 +249,49 @@ ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
   ClusterOutcome outcome;
   outcome.failure = failure;
   if (failure.empty()) {
-    for (size_t i = 1; i < children.size(); ++i) outcome.summaries.push_back(*children[i].summary);
+    for (size_t i = 1; i < children.size(); ++i) {
+      const Child& c = children[i];
+      if (c.summary) {
+        outcome.summaries.push_back(*c.summary);
+      } else if (c.lost) {
+        outcome.lost.push_back({fmt::format("{} (pid {})", c.name, c.pid),
+                                c.name.rfind("decode", 0) == 0, exit_text(c.status), c.ok_rooms});
+      }
+    }
   }
   return outcome;
 }
 
 nlohmann::ordered_json summarize(const worker::Shape& s,
-                                 const std::vector<nlohmann::json>& summaries) {
-  std::set<uint64_t> failed;
+                                 const std::vector<nlohmann::json>& summaries,
+                                 const std::vector<LostWorker>& lost) {
+  std::map<uint64_t, std::string> failed;        // room -> the first reason (decode ranks first)
   std::map<uint64_t, int64_t> sent_us, done_us;  // by room: the latest rank's event
   uint64_t bytes = 0, staged = 0, direct = 0;
   bool verified = true;
   std::vector<std::string> errors;
+  for (int decode_first = 1; decode_first >= 0; --decode_first) {
+    for (const auto& j : summaries) {
+      if ((j["role"] == "decode") != bool(decode_first)) continue;
+      for (const auto& f : j["failed_rooms"]) {
+        const std::string why =
+            fmt::format("{} rank {}: {}", j["role"].get<std::string>(), j["rank"].get<uint32_t>(),
+                        f["reason"].get<std::string>());
+        failed.emplace(f["room"].get<uint64_t>(), why);
+      }
+    }
+  }
+  // A decode rank that was stopped only vouches for the rooms it finished well.
+  for (const LostWorker& w : lost) {
+    errors.push_back(fmt::format("{} {}", w.name, w.how));
+    for (uint64_t room = 1; room <= s.requests; ++room) {
+      if (w.decode && !w.ok_rooms.count(room)) {
+        failed.emplace(room, fmt::format("{} {} before it finished", w.name, w.how));
+      }
+    }
+  }
   for (const auto& j : summaries) {
     const bool prefill = j["role"] == "prefill";
-    for (uint64_t r : j["failed_rooms"]) failed.insert(r);
     for (const auto& e : j["errors"]) {
       errors.push_back(fmt::format("{} rank {}: {}", j["role"].get<std::string>(),
                                    j["rank"].get<uint32_t>(), e.get<std::string>()));
@@ -271,7 +325,7 @@ nlohmann::ordered_json summarize(const worker::Shape& s,
   const double seconds = latencies.empty() ? 0 : std::max<int64_t>(1, last - first) / 1e6;
   const uint64_t measured_bytes = bytes_per_request * latencies.size();
   nlohmann::ordered_json out;
-  out["verified"] = verified && failed.empty();
+  out["verified"] = verified && (failed.empty() || s.keep_going);
   out["requests"] = s.requests;
   out["warmup"] = s.warmup;
   out["failed"] = failed.size();
@@ -288,6 +342,17 @@ nlohmann::ordered_json summarize(const worker::Shape& s,
   out["prefill_tp"] = s.prefill_tp;
   out["decode_tp"] = s.decode_tp;
   out["errors"] = errors;
+  nlohmann::json outcomes = nlohmann::json::array();
+  for (uint64_t room = 1; room <= s.requests; ++room) {
+    auto f = failed.find(room);
+    outcomes.push_back({{"room", room},
+                        {"ok", f == failed.end()},
+                        {"reason", f == failed.end() ? "" : f->second}});
+  }
+  out["outcomes"] = outcomes;
+  nlohmann::json lost_workers = nlohmann::json::array();
+  for (const LostWorker& w : lost) lost_workers.push_back({{"name", w.name}, {"how", w.how}});
+  out["lost_workers"] = lost_workers;
   return out;
 }
 

@@ -56,9 +56,11 @@ int run_router(const RunOptions& o) {
     std::fprintf(stderr, "pdkv run: %s\n", outcome.failure.c_str());
     return kExitFailure;
   }
-  const nlohmann::ordered_json out = summarize(s, outcome.summaries);
-  // Without verification (--no-verify) success means every request succeeded.
-  const bool ok = s.verify ? out["verified"].get<bool>() : out["failed"].get<uint64_t>() == 0;
+  const nlohmann::ordered_json out = summarize(s, outcome.summaries, outcome.lost);
+  // Without verification (--no-verify) success means every request succeeded
+  // (with --keep-going: the run completed).
+  const bool ok =
+      s.verify ? out["verified"].get<bool>() : s.keep_going || out["failed"].get<uint64_t>() == 0;
   if (o.json) {
     std::printf("%s\n", out.dump().c_str());
   } else {
@@ -73,6 +75,12 @@ int run_router(const RunOptions& o) {
         : out["verified"].get<bool>() ? "yes"
                                       : "NO");
     for (const auto& e : out["errors"]) std::printf("  %s\n", e.get<std::string>().c_str());
+    if (s.keep_going && out["failed"].get<uint64_t>() > 0) {
+      std::printf(
+          "  (--keep-going: %llu failed requests counted with their reasons; --json "
+          "lists every outcome)\n",
+          static_cast<unsigned long long>(out["failed"].get<uint64_t>()));
+    }
   }
   return ok ? kExitOk : kExitFailure;
 }

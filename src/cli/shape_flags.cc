@@ -45,6 +45,15 @@ void add_shape_flags(CLI::App& cmd, worker::Shape& s) {
       ->check(CLI::IsMember({"host", "cuda", "hip"}));
   cmd.add_flag("!--no-verify", s.verify,
                "Benchmark mode: neither write nor check the pattern (bytes still move)");
+  cmd.add_option("--fault", s.faults,
+                 "Inject a transport fault KEY=VALUE (repeatable): fail_batch=P, stall_batch=P, "
+                 "delay_us=N, fail_connect=P, seed=N (docs/backends.md)");
+  cmd.add_flag("--keep-going", s.keep_going,
+               "Count a failed request with its reason and go on; fail only for a wrong byte or "
+               "a crash");
+  cmd.add_option("--engine-timeout", s.engine_timeouts,
+                 "An engine timeout KEY=MS (repeatable): bootstrap, data, transfer, keepalive, "
+                 "connect");
 }
 
 std::vector<std::string> shape_arguments(const worker::Shape& s) {
@@ -66,6 +75,14 @@ std::vector<std::string> shape_arguments(const worker::Shape& s) {
                                 "--device",      s.device};
   if (s.mla) a.push_back("--mla");
   if (!s.verify) a.push_back("--no-verify");
+  if (s.keep_going) a.push_back("--keep-going");
+  for (const auto& [flag, values] :
+       {std::pair{"--fault", &s.faults}, {"--engine-timeout", &s.engine_timeouts}}) {
+    for (const auto& v : *values) {
+      a.push_back(flag);
+      a.push_back(v);
+    }
+  }
   for (const auto& option : s.backend_options) {
     a.push_back("--backend-opt");
     a.push_back(option);

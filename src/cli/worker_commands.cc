@@ -1,5 +1,6 @@
 // `pdkv prefill` and `pdkv decode`: one process per rank. Each prints a line
-// "progress N" after every finished request and, last, one JSON summary line.
+// "progress N room R ok|failed" after every finished request and, last, one
+// JSON summary line.
 #include <cstdio>
 #include <memory>
 
@@ -13,8 +14,9 @@ namespace {
 int run(const worker::WorkerArgs& args) {
   auto summary = worker::run_worker(
       args,
-      [](uint64_t done) {
-        std::printf("progress %llu\n", static_cast<unsigned long long>(done));
+      [](uint64_t done, uint64_t room, bool ok) {
+        std::printf("progress %llu room %llu %s\n", static_cast<unsigned long long>(done),
+                    static_cast<unsigned long long>(room), ok ? "ok" : "failed");
         std::fflush(stdout);
       },
       [](const nlohmann::json& j) {

@@ -1,82 +1,114 @@
 #include "engine/control_service.h"
 
-#include <mutex>
-#include <set>
+#include <vector>
 
-#include "engine/core.h"
 #include "grpc_status.h"
 
 namespace pdkv::engine {
-namespace {
 
-class ControlService final : public proto::Control::Service {
+Answer::~Answer() { send(Status::unavailable("the engine shut down before answering")); }
+
+void Answer::send(const Status& status) {
+  if (grpc::ServerUnaryReactor* r = reactor_.exchange(nullptr)) r->Finish(to_grpc(status));
+}
+
+// The server end of one peer's Watch stream: it sends its initial metadata
+// at once (how the peer knows the link is up), reads until the peer goes, and
+// is ended by close_watches() when this rank shuts down.
+class ControlService::WatchReactor final
+    : public grpc::ServerBidiReactor<proto::Heartbeat, proto::Heartbeat> {
  public:
-  explicit ControlService(EngineCore* core) : core_(core) {}
-
-  grpc::Status SendTransferInfo(grpc::ServerContext*, const proto::TransferInfo* info,
-                                proto::ControlReply*) override {
-    PDKV_GRPC_CHECK(check_protocol_version(info->protocol_version()));
-    return to_grpc(core_->on_transfer_info(*info));
+  explicit WatchReactor(ControlService& service) : service_(service) {
+    StartSendInitialMetadata();
+    StartRead(&in_);
   }
 
-  grpc::Status ReportStatus(grpc::ServerContext*, const proto::RoomStatus* status,
-                            proto::ControlReply*) override {
-    PDKV_GRPC_CHECK(check_protocol_version(status->protocol_version()));
-    return to_grpc(core_->on_room_status(*status));
+  void OnReadDone(bool ok) override {
+    if (!ok) return finish(grpc::Status::OK);  // the peer closed its side
+    if (first_) {
+      first_ = false;
+      const Status version = check_protocol_version(in_.protocol_version());
+      if (!version.is_ok()) return finish(to_grpc(version));
+    }
+    StartRead(&in_);
   }
-
-  grpc::Status AbortRoom(grpc::ServerContext*, const proto::AbortRequest* request,
-                         proto::ControlReply*) override {
-    PDKV_GRPC_CHECK(check_protocol_version(request->protocol_version()));
-    return to_grpc(core_->on_abort(*request));
-  }
-
-  // The peer keeps this stream open for as long as it has business with us;
-  // both ends learn of the other's death when it breaks.
-  grpc::Status Watch(
-      grpc::ServerContext* ctx,
-      grpc::ServerReaderWriter<proto::Heartbeat, proto::Heartbeat>* stream) override {
+  void OnCancel() override { finish(grpc::Status::CANCELLED); }
+  void OnDone() override {
     {
-      std::lock_guard lock(mu_);
-      if (closing_) return grpc::Status::OK;
-      watches_.insert(ctx);
+      std::lock_guard lock(service_.mu_);
+      service_.watches_.erase(this);
     }
-    proto::Heartbeat hello;
-    grpc::Status result = grpc::Status::OK;
-    if (stream->Read(&hello)) {
-      result = to_grpc(check_protocol_version(hello.protocol_version()));
-      proto::Heartbeat next;
-      while (result.ok() && stream->Read(&next)) {
-      }
-    }
-    std::lock_guard lock(mu_);
-    watches_.erase(ctx);
-    return result;
+    delete this;
   }
-
-  // Ends every Watch stream (peers see this rank leave) while unary calls in
-  // progress still complete, so that a reply already decided is delivered.
-  void close_watches() {
-    std::lock_guard lock(mu_);
-    closing_ = true;
-    for (grpc::ServerContext* ctx : watches_) ctx->TryCancel();
+  void finish(const grpc::Status& status) {
+    if (!finished_.exchange(true)) Finish(status);
   }
 
  private:
-  EngineCore* core_;
-  std::mutex mu_;
-  bool closing_ = false;
-  std::set<grpc::ServerContext*> watches_;
+  ControlService& service_;
+  proto::Heartbeat in_;
+  bool first_ = true;  // reads are sequential: no lock needed
+  std::atomic<bool> finished_{false};
 };
 
-}  // namespace
-
-std::unique_ptr<grpc::Service> make_control_service(EngineCore* core) {
-  return std::make_unique<ControlService>(core);
+template <typename Request, typename Deliver>
+grpc::ServerUnaryReactor* ControlService::serve(grpc::CallbackServerContext* ctx,
+                                                const Request& request, Deliver deliver) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto answer = std::make_shared<Answer>(reactor);
+  const Status version = check_protocol_version(request.protocol_version());
+  ControlSink* sink = sink_.load();
+  if (!version.is_ok()) {
+    answer->send(version);
+  } else if (sink == nullptr) {
+    answer->send(Status::unavailable("this rank is not serving (starting or shut down)"));
+  } else {
+    deliver(*sink, std::move(answer));
+  }
+  return reactor;
 }
 
-void close_watches(grpc::Service& service) {
-  static_cast<ControlService&>(service).close_watches();
+grpc::ServerUnaryReactor* ControlService::SendTransferInfo(grpc::CallbackServerContext* ctx,
+                                                           const proto::TransferInfo* request,
+                                                           proto::ControlReply*) {
+  return serve(ctx, *request, [request](ControlSink& sink, AnswerPtr answer) {
+    sink.on_transfer_info(*request, std::move(answer));
+  });
+}
+
+grpc::ServerUnaryReactor* ControlService::ReportStatus(grpc::CallbackServerContext* ctx,
+                                                       const proto::RoomStatus* request,
+                                                       proto::ControlReply*) {
+  return serve(ctx, *request, [request](ControlSink& sink, AnswerPtr answer) {
+    sink.on_room_status(*request, std::move(answer));
+  });
+}
+
+grpc::ServerUnaryReactor* ControlService::AbortRoom(grpc::CallbackServerContext* ctx,
+                                                    const proto::AbortRequest* request,
+                                                    proto::ControlReply*) {
+  return serve(ctx, *request, [request](ControlSink& sink, AnswerPtr answer) {
+    sink.on_abort(*request, std::move(answer));
+  });
+}
+
+grpc::ServerBidiReactor<proto::Heartbeat, proto::Heartbeat>* ControlService::Watch(
+    grpc::CallbackServerContext*) {
+  auto* reactor = new WatchReactor(*this);  // deletes itself in OnDone
+  std::lock_guard lock(mu_);
+  if (closing_) {
+    reactor->finish(grpc::Status::OK);
+  } else {
+    watches_.insert(reactor);
+  }
+  return reactor;
+}
+
+void ControlService::close_watches() {
+  std::lock_guard lock(mu_);
+  closing_ = true;
+  // OnDone, which erases from the set under mu_, never runs inside Finish.
+  for (WatchReactor* w : watches_) w->finish(grpc::Status::OK);
 }
 
 }  // namespace pdkv::engine

@@ -1,16 +1,84 @@
-// The Control gRPC service of one rank: decodes requests, checks the protocol
-// version and hands them to the EngineCore.
+// The Control gRPC service of one rank, on gRPC's callback API: a handler
+// checks the protocol version, hands the request to the engine (a
+// ControlSink, which posts it to the loop) and returns at once. The reply
+// goes out when the loop has decided (an Answer), which may be much later
+// (an abort is answered once the room's writes have ended) without holding
+// any thread meanwhile.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <set>
+
+#include "pdkv.grpc.pb.h"
+#include "pdkv/status.h"
 
 namespace pdkv::engine {
 
-class EngineCore;
-std::unique_ptr<grpc::Service> make_control_service(EngineCore* core);
-// Shutdown, first step: end the peers' Watch streams, refuse new ones.
-void close_watches(grpc::Service& service);
+// The reply to one unary control call: finishes its reactor exactly once.
+// Dropped unanswered (the engine shutting down), it answers UNAVAILABLE.
+class Answer {
+ public:
+  explicit Answer(grpc::ServerUnaryReactor* reactor) : reactor_(reactor) {}
+  ~Answer();
+  Answer(const Answer&) = delete;
+  Answer& operator=(const Answer&) = delete;
+  void send(const Status& status);
+
+ private:
+  std::atomic<grpc::ServerUnaryReactor*> reactor_;
+};
+using AnswerPtr = std::shared_ptr<Answer>;
+
+// Where the service delivers requests. Called on gRPC's threads; must not
+// block. The request stays valid until its answer is sent.
+class ControlSink {
+ public:
+  virtual ~ControlSink() = default;
+  virtual void on_transfer_info(const proto::TransferInfo& info, AnswerPtr answer) = 0;
+  virtual void on_room_status(const proto::RoomStatus& status, AnswerPtr answer) = 0;
+  virtual void on_abort(const proto::AbortRequest& request, AnswerPtr answer) = 0;
+};
+
+class ControlService final : public proto::Control::CallbackService {
+ public:
+  // Until open(), requests are refused with UNAVAILABLE ("starting"): the
+  // server runs before the rank knows its own address.
+  void open(ControlSink* sink) { sink_.store(sink); }
+  // Shutdown, first step: end the peers' Watch streams and refuse new ones;
+  // unary calls are still delivered, so that decided replies go out.
+  void close_watches();
+  // Shutdown, last step: refuse every request.
+  void close() { sink_.store(nullptr); }
+
+  grpc::ServerUnaryReactor* SendTransferInfo(grpc::CallbackServerContext* ctx,
+                                             const proto::TransferInfo* request,
+                                             proto::ControlReply* reply) override;
+  grpc::ServerUnaryReactor* ReportStatus(grpc::CallbackServerContext* ctx,
+                                         const proto::RoomStatus* request,
+                                         proto::ControlReply* reply) override;
+  grpc::ServerUnaryReactor* AbortRoom(grpc::CallbackServerContext* ctx,
+                                      const proto::AbortRequest* request,
+                                      proto::ControlReply* reply) override;
+  grpc::ServerBidiReactor<proto::Heartbeat, proto::Heartbeat>* Watch(
+      grpc::CallbackServerContext* ctx) override;
+
+ private:
+  class WatchReactor;
+  friend class WatchReactor;
+  // Answers a request that cannot be delivered (another protocol version,
+  // not serving), or hands it to deliver(sink, answer).
+  template <typename Request, typename Deliver>
+  grpc::ServerUnaryReactor* serve(grpc::CallbackServerContext* ctx, const Request& request,
+                                  Deliver deliver);
+
+  std::atomic<ControlSink*> sink_{nullptr};
+  std::mutex mu_;  // guards watches_, closing_
+  bool closing_ = false;
+  std::set<WatchReactor*> watches_;
+};
 
 }  // namespace pdkv::engine

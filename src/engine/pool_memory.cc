@@ -51,7 +51,10 @@ Result<EnginePools> allocate_pools(Transport& transport, const PoolSizes& sizes,
     PDKV_ASSIGN_OR_RETURN(MemoryRegion r, one(sizes.kv_buffer_bytes));
     pools.kv.push_back(r);
   }
-  PDKV_ASSIGN_OR_RETURN(pools.aux, one(sizes.aux_bytes));
+  for (uint64_t bytes : sizes.aux_bytes) {
+    PDKV_ASSIGN_OR_RETURN(MemoryRegion r, one(bytes));
+    pools.aux.push_back(r);
+  }
   PDKV_ASSIGN_OR_RETURN(pools.state, one(sizes.state_bytes));
   PDKV_ASSIGN_OR_RETURN(pools.staging, one(sizes.staging_bytes));
   return pools;

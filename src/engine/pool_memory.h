@@ -16,7 +16,7 @@ namespace pdkv::engine {
 struct PoolSizes {
   uint32_t kv_buffers = 0;  // local layers x (K+V, or the latent)
   uint64_t kv_buffer_bytes = 0;
-  uint64_t aux_bytes = 0;
+  std::vector<uint64_t> aux_bytes;  // one per aux buffer
   uint64_t state_bytes = 0;
   uint64_t staging_bytes = 0;
 };

@@ -23,8 +23,12 @@ Result<std::unique_ptr<PoolStaging>> PoolStaging::create(const EngineConfig& con
   if (first.kind == MemoryKind::kHost) {
     return std::unique_ptr<PoolStaging>(new PoolStaging(Mode::kHost, pools));
   }
-  for (const auto& [name, region] :
-       {std::pair{"aux", &pools.aux}, {"state", &pools.state}, {"staging", &pools.staging}}) {
+  std::vector<std::pair<std::string, const MemoryRegion*>> host_only = {
+      {"state", &pools.state}, {"staging", &pools.staging}};
+  for (size_t i = 0; i < pools.aux.size(); ++i) {
+    host_only.emplace_back(fmt::format("aux {}", i), &pools.aux[i]);
+  }
+  for (const auto& [name, region] : host_only) {
     if (region->length > 0 && region->kind != MemoryKind::kHost) {
       return Status::invalid_argument(
           fmt::format("the {} region is {} memory; only KV pools may live on a device", name,

@@ -1,9 +1,11 @@
 #include "engine/routing.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace pdkv::engine {
 namespace {
@@ -76,9 +78,11 @@ Result<std::vector<Link>> compute_links(const Topology& prefill, const Topology&
     return Status::invalid_argument(
         fmt::format("backend differs: prefill uses {}, decode uses {}", p.backend(), d.backend()));
   }
-  if (p.aux_bytes() != d.aux_bytes()) {
-    return Status::invalid_argument(fmt::format("aux_bytes differs: prefill has {}, decode has {}",
-                                                p.aux_bytes(), d.aux_bytes()));
+  if (!std::equal(p.aux_item_bytes().begin(), p.aux_item_bytes().end(), d.aux_item_bytes().begin(),
+                  d.aux_item_bytes().end())) {
+    return Status::invalid_argument(
+        fmt::format("aux_item_bytes differ: prefill has [{}], decode has [{}]",
+                    fmt::join(p.aux_item_bytes(), ", "), fmt::join(d.aux_item_bytes(), ", ")));
   }
   if (p.state().channels() != d.state().channels() ||
       p.state().channel_bytes() != d.state().channel_bytes()) {
@@ -122,23 +126,49 @@ Result<std::vector<Link>> compute_links(const Topology& prefill, const Topology&
       link.state_layers = ls;
     }
   }
-  // Every decode rank gets the aux slot once, from the latest prefill stage
-  // that sends to it (the last stage holds the output token), lowest TP rank
-  // among those.
-  std::map<RankKey, Link*> aux_writer;
-  for (auto& [key, link] : links) {
-    Link*& w = aux_writer[link.dst];
-    if (w == nullptr || link.src.pp > w->src.pp ||
-        (link.src.pp == w->src.pp && link.src.tp < w->src.tp)) {
-      w = &link;
+  // Every decode rank gets its aux slot once, from the last prefill stage:
+  // only that stage holds the output token (and logprobs). The writer is the
+  // lowest TP rank of that stage that sends it KV anyway; when none does (a
+  // decode stage fed by earlier prefill stages), a link carries aux alone,
+  // from TP rank (decode rank index mod prefill TP).
+  if (!p.aux_item_bytes().empty()) {
+    const uint32_t last_stage = prefill.pp_size() - 1;
+    for (size_t i = 0; i < decode.ranks.size(); ++i) {
+      const RankKey dst{decode.ranks[i].tp_rank(), decode.ranks[i].pp_rank()};
+      Link* writer = nullptr;
+      for (auto& [key, link] : links) {
+        if (link.dst == dst && link.src.pp == last_stage &&
+            (writer == nullptr || link.src.tp < writer->src.tp)) {
+          writer = &link;
+        }
+      }
+      if (writer == nullptr) {
+        const RankKey src{static_cast<uint32_t>(i % prefill.tp_size()), last_stage};
+        writer = &links[{src, dst}];
+        writer->src = src;
+        writer->dst = dst;
+      }
+      writer->writes_aux = true;
     }
-  }
-  if (p.aux_bytes() > 0) {
-    for (auto& [dst, link] : aux_writer) link->writes_aux = true;
   }
   std::vector<Link> out;
   out.reserve(links.size());
   for (auto& [key, link] : links) out.push_back(link);
+  return out;
+}
+
+std::vector<EngineNotice> engine_notices(const Topology& prefill, const Topology& decode,
+                                         const std::vector<Link>& links) {
+  std::set<RankKey> busy;
+  for (const Link& link : links) busy.insert(link.src);
+  std::vector<EngineNotice> out;
+  size_t idle = 0;
+  for (const proto::RankInfo& r : prefill.ranks) {
+    const RankKey key{r.tp_rank(), r.pp_rank()};
+    if (busy.count(key)) continue;
+    const proto::RankInfo& teller = decode.ranks[idle++ % decode.ranks.size()];
+    out.push_back({key, RankKey{teller.tp_rank(), teller.pp_rank()}});
+  }
   return out;
 }
 

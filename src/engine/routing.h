@@ -35,7 +35,10 @@ struct Link {
   // State channels x layers; absent without state data.
   std::optional<Segment> state_channels;
   std::optional<Segment> state_layers;
-  bool writes_aux = false;  // exactly one source per decode rank writes its aux slot
+  // Exactly one source per decode rank writes its aux slots: a rank of the
+  // last prefill stage (which holds the output token). A link may carry aux
+  // alone.
+  bool writes_aux = false;
 };
 
 // One engine's dp group as the routing sees it, ranks ordered by (pp, tp).
@@ -54,5 +57,16 @@ RankShard shard_of(const proto::RankInfo& rank);
 // Every link between the two engines. Errors: specs that cannot exchange KV
 // (naming both values), aux or state shapes that differ, unsplittable axes.
 Result<std::vector<Link>> compute_links(const Topology& prefill, const Topology& decode);
+
+// A prefill rank with no link to any decode rank still has a room to
+// conclude; when its Sender does not name the decode engine, one decode rank
+// (`teller`, spread over the decode ranks) tells it which engine the room is
+// bound for. Both sides compute the same list.
+struct EngineNotice {
+  RankKey idle_source;
+  RankKey teller;
+};
+std::vector<EngineNotice> engine_notices(const Topology& prefill, const Topology& decode,
+                                         const std::vector<Link>& links);
 
 }  // namespace pdkv::engine

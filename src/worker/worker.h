@@ -43,6 +43,14 @@ struct Shape {
   uint32_t aux_bytes = 16;
   std::string prefill_engine = "prefill", decode_engine = "decode";
   bool verify = true;  // false: benchmark mode, no pattern written or checked
+  // Fault runs: --fault KEY=VALUE (pdkv/faults.h) wraps every rank's
+  // transport; --keep-going counts a failed request with its reason and goes
+  // on (the run fails only for a wrong byte or a crash); --engine-timeout
+  // KEY=MS sets the engines' Timeouts (bootstrap, data, transfer,
+  // keepalive, connect).
+  std::vector<std::string> faults;
+  bool keep_going = false;
+  std::vector<std::string> engine_timeouts;
   // Where the KV pools live: host, cuda or hip (device memory from
   // cudaMalloc/hipMalloc; rank r uses device r mod the devices found).
   std::string device = "host";
@@ -55,7 +63,11 @@ struct Shape {
   MemoryKind device_kind() const;
   // --backend-opt and --rails as the transport's options.
   Result<TransportOptions> transport_options() const;
+  Result<FaultSpec> fault_spec() const;
+  Result<Timeouts> timeouts() const;
 };
+
+using ProgressFn = std::function<void(uint64_t done, uint64_t room, bool ok)>;
 
 struct WorkerArgs {
   Shape shape;
@@ -66,13 +78,18 @@ struct WorkerArgs {
 
 // Runs every request on this rank and returns its summary:
 // {"role","rank","requests","succeeded","failed","verified","bytes",
-//  "start_ms","end_ms","latencies_ms":[...],"failed_rooms":[...],"errors":[...],
+//  "start_ms","end_ms","latencies_ms":[...],
+//  "failed_rooms":[{"room":R,"reason":"..."}, ...],"errors":[...],
 //  "events_us":[[room, epoch µs], ...]}: on prefill ranks when the room's last
 //  send() was made, on decode ranks when it succeeded.
-// `progress(done)` is called after each finished request, `summary` with the
+// "verified": every byte of every succeeded room was right, nothing landed
+// in a failed room's pages after its failure (decode ranks poison those
+// pages and check them again a transfer timeout later), and, without
+// --keep-going, every room succeeded.
+// `progress(done, room, ok)` is called after each finished request (ok: it
+// succeeded here, and on a decode rank every byte was right), `summary` with the
 // summary once every request ended, before the engine shuts down.
-Result<nlohmann::json> run_worker(const WorkerArgs& args,
-                                  const std::function<void(uint64_t done)>& progress,
+Result<nlohmann::json> run_worker(const WorkerArgs& args, const ProgressFn& progress,
                                   const std::function<void(const nlohmann::json&)>& summary);
 
 // The pages of request `room` in this role's pool: the request's slot of the

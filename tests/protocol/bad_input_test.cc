@@ -135,7 +135,7 @@ TEST_F(BadInput, OtherProtocolVersion) {
   const grpc::Status s = send_info(0, 0, 100, first_pages(2), 7);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(s.error_message(),
-            "peer speaks pdkv protocol version 7, this process speaks version 1");
+            "peer speaks pdkv protocol version 7, this process speaks version 2");
 }
 
 TEST_F(BadInput, ClosedRoomIsNeverResurrected) {
@@ -167,9 +167,15 @@ TEST_F(BadInput, SuccessAfterFailureStaysFailure) {
   ASSERT_TRUE(rx->init().is_ok());
   ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kWaitingForInput; }));
   EXPECT_TRUE(send_status(0, 0, 400, false, "disk on fire").ok());
-  EXPECT_TRUE(send_status(0, 0, 400, true).ok());
-  EXPECT_TRUE(send_status(1, 0, 400, true).ok());
-  EXPECT_EQ(rx->poll(), PollState::kFailed);
+  // A success after the failure is refused, so that its source fails too.
+  for (int p : {0, 1}) {
+    const grpc::Status late = send_status(p, 0, 400, true);
+    EXPECT_EQ(late.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(late.error_message(),
+              "room 400 failed on decode dp 0 tp 0 pp 0 already: prefill dp 0 tp 0 pp 0 failed "
+              "room 400: disk on fire");
+  }
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kFailed; }));
   EXPECT_EQ(rx->failure().message(), "prefill dp 0 tp 0 pp 0 failed room 400: disk on fire");
 }
 

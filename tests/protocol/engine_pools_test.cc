@@ -28,7 +28,7 @@ TEST(EnginePools, SizedFromTheConfigurationZeroedAndDisjoint) {
   cfg.tp_size = 2;
   // 8 heads x 4 elements x 2 B, 4 tokens a page, 4 layers, 16 pages.
   cfg.kv = KvSpec{8, 4, 2, 4, 4, 16, Layout::kHnd, false};
-  cfg.aux_bytes = 16;
+  cfg.aux_item_bytes = {16, 8};  // two aux buffers, as SGLang has several
   cfg.aux_slots = 4;
   cfg.state = StateSpec{8, 4, 2};  // 8 channels of 4 B, 2 slots
   cfg.staging = Staging::kOn;
@@ -43,13 +43,15 @@ TEST(EnginePools, SizedFromTheConfigurationZeroedAndDisjoint) {
   // 128 B; a buffer: 16 pages = 2048 B; 4 layers x (K, V) = 8 buffers.
   ASSERT_EQ(pools.kv.size(), 8u);
   for (const MemoryRegion& r : pools.kv) EXPECT_EQ(r.length, 2048u);
-  EXPECT_EQ(pools.aux.length, 64u);  // 4 slots x 16 B
+  ASSERT_EQ(pools.aux.size(), 2u);
+  EXPECT_EQ(pools.aux[0].length, 64u);  // 4 slots x 16 B
+  EXPECT_EQ(pools.aux[1].length, 32u);  // 4 slots x 8 B
   // 2 slots x 4 layers x 4 local channels (8 / TP 2) x 4 B.
   EXPECT_EQ(pools.state.length, 128u);
   EXPECT_EQ(pools.staging.length, 4096u);
 
   std::vector<MemoryRegion> all = pools.kv;
-  all.push_back(pools.aux);
+  all.insert(all.end(), pools.aux.begin(), pools.aux.end());
   all.push_back(pools.state);
   all.push_back(pools.staging);
   std::sort(all.begin(), all.end(),
@@ -79,7 +81,7 @@ TEST(EnginePools, NoAuxStateOrStagingMeansNoSuchRegion) {
   const EnginePools& pools = (*engine)->pools();
   ASSERT_EQ(pools.kv.size(), 2u);  // 2 layers x 1 latent
   for (const MemoryRegion& r : pools.kv) EXPECT_EQ(r.length, 8u * 16 * 576 * 2);
-  EXPECT_EQ(pools.aux.base, nullptr);
+  EXPECT_TRUE(pools.aux.empty());
   EXPECT_EQ(pools.state.base, nullptr);
   EXPECT_EQ(pools.staging.base, nullptr);
 }

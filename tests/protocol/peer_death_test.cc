@@ -68,7 +68,8 @@ TEST(PeerDeath, KilledDecodeFailsThePrefillRoomNamingIt) {
   ASSERT_TRUE(decode.ready());
   auto tx = std::move(c->prefill[0]->sender(78, "decode")).value();
   ASSERT_TRUE(tx->init(4).is_ok());
-  ASSERT_TRUE(poll_until([&] { return tx->poll() == PollState::kTransferring; }));
+  // The peer's metadata is in: the sender waits for its pages.
+  ASSERT_TRUE(poll_until([&] { return tx->poll() == PollState::kWaitingForInput; }));
   decode.kill_now();
   ASSERT_TRUE(poll_until([&] { return tx->poll() == PollState::kFailed; }, 2s))
       << "room still " << poll_state_name(tx->poll()) << " 2 s after the decode was killed";

@@ -121,11 +121,11 @@ std::vector<Case> cases() {
   out.push_back({"pp1_to_pp2_h4_tp1_to_2", pp_d});
   out.push_back({"chunked_h8_tp2_to_4", shape(8, 2, 4), 3});
   ClusterSpec extras = shape(8, 4, 2);
-  extras.aux_bytes = 24;
+  extras.aux_items = {24, 8, 4};  // several aux buffers, each its own item length
   extras.state = StateSpec{4, 6, 4};
   out.push_back({"aux_state_h8_tp4_to_2", extras, 2});
   ClusterSpec extras_gqa = shape(2, 1, 4);
-  extras_gqa.aux_bytes = 8;
+  extras_gqa.aux_items = {8};
   extras_gqa.state = StateSpec{2, 3, 4};  // 2 channels over TP 4: replicated like heads
   out.push_back({"aux_state_h2_tp1_to_4", extras_gqa});
   // Staging: gathered at the source, one block, scattered at the destination.
@@ -144,7 +144,7 @@ std::vector<Case> cases() {
   st_hnd.kv.layout = Layout::kHnd;
   st_hnd.decode_layout = Layout::kHnd;
   st_hnd.staging = Staging::kAuto;  // tiny fragments here: auto stages
-  st_hnd.aux_bytes = 8;
+  st_hnd.aux_items = {8, 12};
   st_hnd.state = StateSpec{4, 6, 4};
   out.push_back({"staging_auto_hnd_aux_state_h8_tp2_to_4", st_hnd});
   return out;

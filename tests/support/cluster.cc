@@ -31,7 +31,7 @@ RankMemory allocate(const KvSpec& kv, const ClusterSpec& c, const RankGeometry& 
   RankMemory m;
   const uint64_t bytes = kv.num_pages * kv.page_bytes(g.heads.count);
   m.kv.assign(g.layers.count * kv.buffers_per_layer(), std::vector<std::byte>(bytes));
-  m.aux.resize(std::max<uint64_t>(1, uint64_t{c.aux_slots} * c.aux_bytes));
+  for (uint32_t item : c.aux_items) m.aux.emplace_back(uint64_t{c.aux_slots} * item);
   m.state.resize(std::max<uint64_t>(
       1, uint64_t{c.state.num_slots} * g.layers.count * g.channels.count * c.state.channel_bytes));
   return m;
@@ -57,13 +57,15 @@ void for_each_state_byte(const RankGeometry& g, uint64_t cb, const std::vector<u
 EnginePools RankMemory::pools() {
   EnginePools p;
   for (auto& b : kv) p.kv.push_back(region(b));
-  p.aux = region(aux);
+  for (auto& a : aux) p.aux.push_back(region(a));
   p.state = region(state);
   if (!staging.empty()) p.staging = region(staging);
   return p;
 }
 
-uint8_t Cluster::aux_byte(uint64_t room, uint64_t i) { return mix_byte((room << 20) ^ i ^ 0xa0a0); }
+uint8_t Cluster::aux_byte(uint64_t room, uint32_t buffer, uint64_t i) {
+  return mix_byte((room << 20) ^ (uint64_t{buffer} << 52) ^ i ^ 0xa0a0);
+}
 
 uint8_t Cluster::state_byte(uint32_t layer, uint32_t channel, uint64_t byte, uint64_t room) {
   return mix_byte((uint64_t{layer} << 40) ^ (uint64_t{channel} << 20) ^ byte ^ (room << 52) ^
@@ -93,11 +95,12 @@ std::unique_ptr<Cluster> Cluster::start(const ClusterSpec& spec) {
         cfg.pp_rank = pp;
         cfg.pp_size = pp_size;
         cfg.kv = kv;
-        cfg.aux_bytes = spec.aux_bytes;
-        cfg.aux_slots = spec.aux_bytes > 0 ? spec.aux_slots : 0;
+        cfg.aux_item_bytes = spec.aux_items;
+        cfg.aux_slots = spec.aux_items.empty() ? 0 : spec.aux_slots;
         cfg.state = spec.state;
-        cfg.backend = "loopback";
-        if (prefill) cfg.transport_options = spec.prefill_transport;
+        cfg.backend = spec.backend;
+        cfg.transport_options = prefill ? spec.prefill_transport : spec.decode_transport;
+        if (prefill) cfg.faults = spec.prefill_faults;
         cfg.bootstrap_address = c->bootstrap_address();
         cfg.timeouts = prefill ? spec.timeouts : spec.decode_timeouts.value_or(spec.timeouts);
         auto& memory = prefill ? c->prefill_memory : c->decode_memory;
@@ -138,8 +141,15 @@ void Cluster::fill(uint64_t room, const std::vector<uint64_t>& pages, uint32_t a
     RankMemory& m = prefill_memory[r];
     for_each_element(cfg.kv, g.heads, g.layers, pages, room,
                      [&](uint32_t buf, uint64_t off, uint8_t v) { m.kv[buf][off] = std::byte{v}; });
-    for (uint64_t i = 0; i < spec_.aux_bytes; ++i) {
-      m.aux[aux_slot * spec_.aux_bytes + i] = std::byte{aux_byte(room, i)};
+    // Only the last stage holds the output token: earlier ones hold other
+    // bytes, so that aux from the wrong stage is seen.
+    const bool last_stage = cfg.pp_rank + 1 == cfg.pp_size;
+    for (size_t b = 0; b < spec_.aux_items.size(); ++b) {
+      const uint64_t n = spec_.aux_items[b];
+      for (uint64_t i = 0; i < n; ++i) {
+        m.aux[b][aux_slot * n + i] =
+            std::byte{aux_byte(last_stage ? room : room ^ 0xdead, uint32_t(b), i)};
+      }
     }
     for_each_state_byte(g, spec_.state.channel_bytes, state_slots, room,
                         [&](uint64_t off, uint8_t v) { m.state[off] = std::byte{v}; });
@@ -149,8 +159,9 @@ void Cluster::fill(uint64_t room, const std::vector<uint64_t>& pages, uint32_t a
     for (size_t b = 0; b < m.kv.size(); ++b)
       for (uint64_t o = 0; o < m.kv[b].size(); ++o)
         m.kv[b][o] = std::byte{untouched_byte(uint32_t(r), uint32_t(b), o)};
-    for (uint64_t o = 0; o < m.aux.size(); ++o)
-      m.aux[o] = std::byte{untouched_byte(uint32_t(r), 900, o)};
+    for (size_t b = 0; b < m.aux.size(); ++b)
+      for (uint64_t o = 0; o < m.aux[b].size(); ++o)
+        m.aux[b][o] = std::byte{untouched_byte(uint32_t(r), 800 + uint32_t(b), o)};
     for (uint64_t o = 0; o < m.state.size(); ++o)
       m.state[o] = std::byte{untouched_byte(uint32_t(r), 901, o)};
   }
@@ -181,14 +192,15 @@ std::string Cluster::verify(uint64_t room, const std::vector<uint64_t>& pages, u
         }
       }
     }
-    const bool gets_aux = spec_.aux_bytes > 0;
-    for (uint64_t o = 0; o < m.aux.size(); ++o) {
-      const bool in_slot = gets_aux && o / spec_.aux_bytes == aux_slot;
-      const uint8_t want =
-          in_slot ? aux_byte(room, o % spec_.aux_bytes) : untouched_byte(uint32_t(r), 900, o);
-      if (std::to_integer<uint8_t>(m.aux[o]) != want) {
-        return fmt::format("decode rank {} aux byte {}: {} != expected {}", r, o,
-                           std::to_integer<int>(m.aux[o]), want);
+    for (size_t b = 0; b < m.aux.size(); ++b) {
+      const uint64_t n = spec_.aux_items[b];
+      for (uint64_t o = 0; o < m.aux[b].size(); ++o) {
+        const uint8_t want = o / n == aux_slot ? aux_byte(room, uint32_t(b), o % n)
+                                               : untouched_byte(uint32_t(r), 800 + uint32_t(b), o);
+        if (std::to_integer<uint8_t>(m.aux[b][o]) != want) {
+          return fmt::format("decode rank {} aux buffer {} byte {}: {} != expected {}", r, b, o,
+                             std::to_integer<int>(m.aux[b][o]), want);
+        }
       }
     }
     std::vector<uint8_t> state(m.state.size());

@@ -21,18 +21,23 @@ struct ClusterSpec {
   Layout decode_layout = Layout::kNhd;
   uint32_t prefill_tp = 1, prefill_pp = 1;
   uint32_t decode_tp = 1, decode_pp = 1;
-  uint32_t aux_bytes = 0, aux_slots = 4;
+  std::vector<uint32_t> aux_items;  // aux buffers, by item bytes (empty: none)
+  uint32_t aux_slots = 4;
   StateSpec state;
   Timeouts timeouts;
   std::optional<Timeouts> decode_timeouts;  // when the decode side needs others
-  TransportOptions prefill_transport;       // loopback options of the prefill ranks
+  std::string backend = "loopback";         // any transport of the build
+  TransportOptions prefill_transport;       // backend options of the prefill ranks
+  TransportOptions decode_transport;        // ... and of the decode ranks
+  FaultSpec prefill_faults;                 // injected into the prefill ranks' transports
   Staging staging = Staging::kOff;          // with kOn/kAuto every rank gets a staging pool
   std::string prefill_id = "prefill", decode_id = "decode";
 };
 
 struct RankMemory {
   std::vector<std::vector<std::byte>> kv;
-  std::vector<std::byte> aux, state, staging;
+  std::vector<std::vector<std::byte>> aux;  // one per aux buffer
+  std::vector<std::byte> state, staging;
   EnginePools pools();
 };
 
@@ -58,7 +63,9 @@ class Cluster {
   std::string verify(uint64_t room, const std::vector<uint64_t>& decode_pages, uint32_t aux_slot,
                      const std::vector<uint32_t>& state_slots) const;
 
-  static uint8_t aux_byte(uint64_t room, uint64_t i);
+  // Byte i of aux buffer `buffer` for a room, as the last prefill stage holds
+  // it (earlier stages hold other bytes: they do not have the output token).
+  static uint8_t aux_byte(uint64_t room, uint32_t buffer, uint64_t i);
   static uint8_t state_byte(uint32_t layer, uint32_t channel, uint64_t byte, uint64_t room);
 
  private:

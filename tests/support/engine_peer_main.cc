@@ -29,7 +29,6 @@ int main(int argc, char** argv) {
   memory.kv.assign(
       cfg.kv.num_layers * cfg.kv.buffers_per_layer(),
       std::vector<std::byte>(cfg.kv.num_pages * cfg.kv.page_bytes(cfg.kv.total_heads)));
-  memory.aux.resize(1);
   memory.state.resize(1);
   auto engine = pdkv::Engine::create(cfg, memory.pools());
   if (!engine.is_ok()) {

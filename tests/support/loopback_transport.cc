@@ -103,7 +103,8 @@ class LoopbackTransport final : public Transport {
                   op.length);
     }
     const BatchId id = next_batch_++;
-    batches_[id] = BatchStatus{stall_ ? BatchState::kInProgress : BatchState::kDone, Status::ok()};
+    batches_[id] =
+        Batch{peer_id, {stall_ ? BatchState::kInProgress : BatchState::kDone, Status::ok()}};
     return id;
   }
 
@@ -113,7 +114,7 @@ class LoopbackTransport final : public Transport {
     if (it == batches_.end()) {
       return {BatchState::kFailed, Status::not_found(fmt::format("no loopback batch {}", batch))};
     }
-    BatchStatus status = it->second;
+    BatchStatus status = it->second.status;
     if (status.state != BatchState::kInProgress) batches_.erase(it);
     return status;
   }
@@ -134,6 +135,12 @@ class LoopbackTransport final : public Transport {
       auto peer = peers_.find(peer_id);
       if (peer == peers_.end() || !peer->second.failure.is_ok()) return;
       peer->second.failure = reason.is_ok() ? Status::unavailable("peer failed") : reason;
+      // Its batches in flight (stalled ones) end as failed.
+      for (auto& [id, batch] : batches_) {
+        if (batch.peer == peer_id && batch.status.state == BatchState::kInProgress) {
+          batch.status = BatchStatus{BatchState::kFailed, peer->second.failure};
+        }
+      }
       callback = callback_;
     }
     if (callback) callback(peer_id, reason);
@@ -143,6 +150,10 @@ class LoopbackTransport final : public Transport {
   struct Peer {
     uint64_t remote_id;
     Status failure;
+  };
+  struct Batch {
+    PeerId peer;
+    BatchStatus status;
   };
 
   static Status check(const std::vector<MemoryRegion>& regions, RegionKey key, uint64_t offset,
@@ -164,7 +175,7 @@ class LoopbackTransport final : public Transport {
   mutable std::mutex mu_;
   std::vector<MemoryRegion> regions_;
   std::map<PeerId, Peer> peers_;
-  std::map<BatchId, BatchStatus> batches_;
+  std::map<BatchId, Batch> batches_;
   PeerId next_peer_ = 1;
   BatchId next_batch_ = 1;
   PeerFailureCallback callback_;

@@ -1,0 +1,40 @@
+#include "engine/batch_tracker.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace pdkv::engine {
+
+void BatchTracker::add(BatchId batch, Ended ended) {
+  batches_.emplace(batch, std::move(ended));
+  backoff_ = kFirstPoll;
+  if (timer_ == 0) {
+    arm(std::chrono::microseconds(0));  // the next iteration: many complete at once
+  }
+}
+
+void BatchTracker::arm(std::chrono::microseconds delay) {
+  timer_ = loop_.after(delay, [this] {
+    timer_ = 0;
+    poll_all();
+  });
+}
+
+void BatchTracker::poll_all() {
+  std::vector<std::pair<Ended, BatchStatus>> ended;
+  for (auto it = batches_.begin(); it != batches_.end();) {
+    BatchStatus status = transport_.poll(it->first);
+    if (status.state == BatchState::kInProgress) {
+      ++it;
+      continue;
+    }
+    ended.emplace_back(std::move(it->second), std::move(status));
+    it = batches_.erase(it);
+  }
+  // After the scan: a callback may post new batches.
+  backoff_ = ended.empty() ? std::min(backoff_ * 2, kMaxPoll) : kFirstPoll;
+  for (auto& [callback, status] : ended) callback(status);
+  if (!batches_.empty() && timer_ == 0) arm(backoff_);
+}
+
+}  // namespace pdkv::engine

@@ -1,0 +1,252 @@
+#include "engine/control_link.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+
+namespace pdkv::engine {
+namespace {
+
+constexpr auto kRetryRefused = std::chrono::milliseconds(50);
+
+CallTracker::Group next_group() {
+  static std::atomic<CallTracker::Group> next{1};
+  return next.fetch_add(1);
+}
+
+std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
+                                            std::chrono::milliseconds keepalive) {
+  grpc::ChannelArguments args;
+  const int ms = static_cast<int>(keepalive.count());
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // A private connection per link: a peer's death must not be hidden behind,
+  // or leak into, a subchannel shared with another link.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Reconnect quickly: a transient connect error must be retried well inside
+  // the connect timeout, after which an unreachable peer is declared lost.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(100, ms / 4));
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace
+
+// The client end of one Watch stream. It deletes itself when gRPC is done
+// with it (OnDone); its events reach the link through the loop, if the link
+// still exists then.
+class ControlLink::WatchStream final
+    : public grpc::ClientBidiReactor<proto::Heartbeat, proto::Heartbeat> {
+ public:
+  WatchStream(std::weak_ptr<ControlLink> link, EventLoop& loop, CallTracker& tracker,
+              CallTracker::Group group, proto::Control::Stub& stub, const proto::RankRef& self)
+      : link_(std::move(link)), loop_(loop), tracker_(tracker) {
+    // Not wait-for-ready: a peer that refuses must be seen refusing.
+    ctx_->set_wait_for_ready(false);
+    hello_.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+    *hello_.mutable_from() = self;
+    call_ = tracker_.begin(group, ctx_, CallTracker::Kind::kStream);
+    stub.async()->Watch(ctx_.get(), this);
+    StartRead(&in_);
+    StartWrite(&hello_);
+    StartCall();
+  }
+
+  void OnReadInitialMetadataDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    up_ = true;
+    post([](ControlLink& l) { l.on_stream_up(); });
+  }
+  void OnReadDone(bool ok) override {
+    if (ok) StartRead(&in_);  // the peer sends nothing; keep the stream open
+  }
+  void OnDone(const grpc::Status& status) override {
+    tracker_.end(call_);
+    const bool was_up = up_;
+    post([status, was_up](ControlLink& l) { l.on_stream_done(status, was_up); });
+    delete this;
+  }
+
+ private:
+  template <typename F>
+  void post(F&& f) {
+    loop_.post([link = link_, f = std::forward<F>(f)] {
+      if (auto l = link.lock()) f(*l);
+    });
+  }
+
+  const std::weak_ptr<ControlLink> link_;
+  EventLoop& loop_;
+  CallTracker& tracker_;
+  std::shared_ptr<grpc::ClientContext> ctx_ = std::make_shared<grpc::ClientContext>();
+  proto::Heartbeat hello_, in_;
+  uint64_t call_ = 0;
+  std::atomic<bool> up_{false};
+};
+
+ControlLink::ControlLink(EventLoop& loop, CallTracker& tracker, std::string address,
+                         std::string name, proto::RankRef self, std::chrono::milliseconds keepalive,
+                         std::chrono::milliseconds connect_timeout, Events events)
+    : loop_(loop),
+      tracker_(tracker),
+      address_(std::move(address)),
+      name_(std::move(name)),
+      self_(std::move(self)),
+      keepalive_(keepalive),
+      connect_timeout_(connect_timeout),
+      events_(std::move(events)),
+      group_(next_group()),
+      channel_(make_channel(address_, keepalive)),
+      stub_(proto::Control::NewStub(channel_)) {}
+
+ControlLink::~ControlLink() { stop(); }
+
+void ControlLink::start() {
+  if (state_ != State::kIdle) return;
+  state_ = State::kConnecting;
+  connect_deadline_ = Clock::now() + connect_timeout_;
+  std::weak_ptr<ControlLink> self = weak_from_this();
+  connect_timer_ = loop_.at(connect_deadline_, [self] {
+    auto l = self.lock();
+    if (!l || l->state_ != State::kConnecting) return;
+    l->declare_lost(Status::unavailable(fmt::format("control connection to {} lost: cannot "
+                                                    "connect within {} ms",
+                                                    l->name_, l->connect_timeout_.count())),
+                    /*cancel_calls=*/true);
+  });
+  open_stream();
+}
+
+void ControlLink::stop() {
+  if (state_ == State::kStopped) return;
+  state_ = State::kStopped;
+  loop_.cancel(retry_timer_);
+  loop_.cancel(connect_timer_);
+  tracker_.cancel(group_);
+}
+
+void ControlLink::open_stream() {
+  retry_timer_ = 0;
+  if (state_ != State::kConnecting) return;
+  new WatchStream(weak_from_this(), loop_, tracker_, group_, *stub_, self_);  // owns itself
+}
+
+void ControlLink::on_stream_up() {
+  if (state_ != State::kConnecting) return;
+  state_ = State::kUp;
+  loop_.cancel(connect_timer_);
+  connect_timer_ = 0;
+  if (events_.up) events_.up();
+}
+
+void ControlLink::on_stream_done(const grpc::Status& s, bool was_up) {
+  if (state_ == State::kLost || state_ == State::kStopped) return;
+  if (!was_up) {
+    // An attempt to connect ended. A peer that keeps refusing (its process
+    // is gone) is dead after one keepalive period of refusals; one that
+    // answers but will not watch (another protocol version) at once.
+    const auto now = Clock::now();
+    std::string why;
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      why = fmt::format("the peer refused the stream: {}", s.error_message());
+    } else if (!refused_since_) {
+      refused_since_ = now;
+    }
+    if (why.empty() && now - *refused_since_ >= keepalive_) {
+      why = fmt::format("unreachable for {} ms", keepalive_.count());
+    }
+    if (why.empty() && now + kRetryRefused >= connect_deadline_) {
+      why = fmt::format("cannot connect within {} ms", connect_timeout_.count());
+    }
+    if (!why.empty()) {
+      declare_lost(
+          Status::unavailable(fmt::format("control connection to {} lost: {}", name_, why)),
+          /*cancel_calls=*/true);
+      return;
+    }
+    std::weak_ptr<ControlLink> self = weak_from_this();
+    retry_timer_ = loop_.after(kRetryRefused, [self] {
+      if (auto l = self.lock()) l->open_stream();
+    });
+    return;
+  }
+  // A peer shutting down ends the stream itself (OK or CANCELLED): replies
+  // it already decided are still on their way, so calls in flight finish on
+  // their own. Any other end (reset, keepalive timeout) is a death.
+  const bool leaving = s.ok() || s.error_code() == grpc::StatusCode::CANCELLED;
+  declare_lost(Status::unavailable(fmt::format("control connection to {} lost: {}", name_,
+                                               s.ok() ? "the peer closed it" : s.error_message())),
+               /*cancel_calls=*/!leaving);
+}
+
+void ControlLink::declare_lost(const Status& reason, bool cancel_calls) {
+  state_ = State::kLost;
+  loop_.cancel(retry_timer_);
+  loop_.cancel(connect_timer_);
+  retry_timer_ = connect_timer_ = 0;
+  if (cancel_calls) tracker_.cancel(group_);
+  if (events_.lost) events_.lost(reason);
+}
+
+template <typename Request>
+void ControlLink::call(Request request, std::chrono::milliseconds timeout,
+                       const UnaryLaunch<Request, proto::ControlReply>& launch, Done done) {
+  if (state_ == State::kLost || state_ == State::kStopped) {
+    loop_.post([done = std::move(done), name = name_] {
+      done({grpc::StatusCode::UNAVAILABLE, fmt::format("control connection to {} is lost", name)});
+    });
+    return;
+  }
+  start_unary<Request, proto::ControlReply>(
+      loop_, tracker_, group_, timeout, /*wait_for_ready=*/true, std::move(request), launch,
+      [done = std::move(done)](const grpc::Status& s, const proto::ControlReply&) { done(s); });
+}
+
+void ControlLink::send_transfer_info(proto::TransferInfo info, std::chrono::milliseconds timeout,
+                                     Done done) {
+  call<proto::TransferInfo>(
+      std::move(info), timeout,
+      [stub = stub_.get()](auto* ctx, auto* req, auto* rep, auto cb) {
+        stub->async()->SendTransferInfo(ctx, req, rep, std::move(cb));
+      },
+      std::move(done));
+}
+
+void ControlLink::report_status(proto::RoomStatus status, std::chrono::milliseconds timeout,
+                                Done done) {
+  call<proto::RoomStatus>(
+      std::move(status), timeout,
+      [stub = stub_.get()](auto* ctx, auto* req, auto* rep, auto cb) {
+        stub->async()->ReportStatus(ctx, req, rep, std::move(cb));
+      },
+      std::move(done));
+}
+
+void ControlLink::abort_room(proto::AbortRequest request, std::chrono::milliseconds timeout,
+                             Done done) {
+  call<proto::AbortRequest>(
+      std::move(request), timeout,
+      [stub = stub_.get()](auto* ctx, auto* req, auto* rep, auto cb) {
+        stub->async()->AbortRoom(ctx, req, rep, std::move(cb));
+      },
+      std::move(done));
+}
+
+void configure_server(grpc::ServerBuilder& builder, std::chrono::milliseconds keepalive) {
+  // gRPC sets SO_REUSEPORT by default: then binding port 0 can hand two
+  // processes the same port, and the kernel splits connections between them.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  const int ms = static_cast<int>(keepalive.count());
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             std::max(1, ms / 2));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+}  // namespace pdkv::engine

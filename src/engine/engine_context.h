@@ -1,0 +1,63 @@
+// What the prefill and the decode side of an engine share: the rank's
+// configuration and identity, its transport and pools, and the loop's
+// services. Owned by EngineCore, which builds it once everything in it
+// exists; used on the loop thread only, except Counters (atomics).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/change_feed.h"
+#include "engine/counters.h"
+#include "engine/event_loop.h"
+#include "engine/peer_registry.h"
+#include "engine/pool_staging.h"
+#include "engine/room_directory.h"
+#include "engine/room_handle.h"
+#include "engine/staging_pool.h"
+#include "engine/topology_lookups.h"
+#include "pdkv.pb.h"
+#include "pdkv/engine.h"
+#include "pdkv/plan.h"
+
+namespace pdkv::engine {
+
+// Deadline of one control call to a peer (a lost peer cancels it sooner).
+inline constexpr auto kControlCallTimeout = std::chrono::milliseconds(5000);
+
+// This rank's transport keys for its pools.
+struct RegionKeys {
+  std::vector<RegionKey> kv;  // by buffer index; empty when KV is never written in place
+  RegionKey aux_first = 0;    // aux buffer i is aux_first + i
+  RegionKey state = 0;
+  RegionKey staging = 0;
+};
+
+struct EngineContext {
+  const EngineConfig& config;
+  const proto::RankInfo& self;
+  const RankShard& shard;
+  uint32_t local_channels = 0;  // state channels this rank owns
+  Transport& transport;
+  PoolStaging& pool_staging;
+  const RegionKeys& keys;
+  EventLoop& loop;
+  PeerRegistry& peers;
+  TopologyLookups& lookups;
+  RoomDirectory& directory;
+  ChangeFeed& feed;
+  Counters& counters;
+  StagingPool staging;  // slots of the staging pool (the loop's)
+  Planner planner;
+
+  proto::RankRef self_ref() const;
+  // Every KV route of this rank is staged (device pools the transport
+  // cannot register).
+  bool staged_only() const { return pool_staging.mode() == PoolStaging::Mode::kDeviceStaged; }
+  // Publishes a room's state to its caller (and to the change feed); a null
+  // handle (no caller any more) is fine.
+  void advance(RoomHandle* room, PollState state);
+  void fail(RoomHandle* room, const Status& reason);
+};
+
+}  // namespace pdkv::engine

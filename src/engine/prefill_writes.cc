@@ -1,0 +1,253 @@
+// The prefill side's writes: what a destination is sent (KV direct or one
+// gathered block, aux and state), the batches in flight, the gather slots
+// of the staging pool, and the reports that end a destination's part.
+#include <fmt/format.h>
+
+#include "engine/prefill_side.h"
+#include "grpc_status.h"
+
+namespace pdkv::engine {
+
+bool PrefillSide::complete(const PrefillRoom& room, const Destination& dest) const {
+  return dest.info && room.last && room.pages.size() == room.num_pages &&
+         dest.pages_written == room.pages.size() && dest.extras_written && dest.batches == 0;
+}
+
+Status PrefillSide::post_writes(PrefillRoom& room, Destination& dest) {
+  if (!dest.info || dest.waiting_for_gather) return Status::ok();
+  const uint64_t available = room.pages.size();
+  const bool extras_due = room.last && available == room.num_pages && !dest.extras_written;
+  const bool kv_due = dest.link.kv && dest.pages_written < available;
+  if (!kv_due && !extras_due) return Status::ok();
+  const std::optional<PeerId> wire = ctx_.peers.wire(dest.peer);
+  if (!wire) return Status::ok();  // on_wire_ready (or on_wire_failed) follows
+  std::vector<WriteOp> ops;
+  if (dest.info->staging_bytes() > 0 && dest.link.kv) {
+    PDKV_ASSIGN_OR_RETURN(const bool gathered, post_kv_staged(room, dest, ops));
+    if (!gathered) return Status::ok();
+  } else if (dest.link.kv && ctx_.staged_only()) {
+    return Status::failed_precondition(fmt::format(
+        "room {}: {} reserved no staging slot, but this rank's KV pools are device memory that "
+        "backend '{}' cannot register",
+        room.id, describe(dest.rank), ctx_.config.backend));
+  } else if (kv_due) {
+    PDKV_RETURN_IF_ERROR(post_kv_direct(room, dest, ops));
+  }
+  if (extras_due) {
+    add_extras(room, dest, ops);
+    dest.extras_written = true;
+  }
+  dest.pages_written = available;
+  if (ops.empty()) return Status::ok();
+  auto batch = ctx_.transport.write(*wire, ops);
+  if (!batch.is_ok()) {
+    return batch.status().with_context(
+        fmt::format("room {}: write to {}", room.id, describe(dest.rank)));
+  }
+  for (const WriteOp& op : ops) dest.bytes += op.length;
+  ++dest.batches;
+  ++ctx_.counters.batches_in_flight;
+  if (!room.first_post) room.first_post = Clock::now();
+  const RoomId id = room.id;
+  const RankKey key = dest.key;
+  batches_.add(*batch, [this, id, key](const BatchStatus& st) { on_batch_end(id, key, st); });
+  return Status::ok();
+}
+
+Status PrefillSide::post_kv_direct(PrefillRoom& room, Destination& dest,
+                                   std::vector<WriteOp>& ops) {
+  const proto::TransferInfo& info = *dest.info;
+  const std::span<const uint64_t> src(room.pages.data() + dest.pages_written,
+                                      room.pages.size() - dest.pages_written);
+  const std::span<const uint64_t> dst(info.dst_pages().data() + dest.pages_written, src.size());
+  PDKV_ASSIGN_OR_RETURN(TransferPlan plan, ctx_.planner.plan(ctx_.shard, shard_of(dest.rank),
+                                                             *dest.link.kv, src, dst));
+  ops.reserve(ops.size() + plan.fragment_count());
+  if (dest.pages_written == 0) ++ctx_.counters.direct_routes;
+  const RegionKey remote_first = dest.rank.kv_region_first();
+  // Naive: cut every fragment into one token's bytes of this segment.
+  const KvSpec& kv = ctx_.config.kv;
+  const bool per_head = !kv.mla && kv.layout == Layout::kHnd;
+  const uint64_t piece = ctx_.config.staging == Staging::kNaive
+                             ? kv.head_bytes() * (per_head ? 1 : dest.link.kv->heads.count)
+                             : UINT64_MAX;
+  plan.for_each([&](const Fragment& f) {
+    for (uint64_t at = 0; at < f.length; at += piece) {
+      ops.push_back({ctx_.keys.kv[f.src_buffer], f.src_offset + at, remote_first + f.dst_buffer,
+                     f.dst_offset + at, std::min(piece, f.length - at)});
+    }
+  });
+  return Status::ok();
+}
+
+Result<bool> PrefillSide::post_kv_staged(PrefillRoom& room, Destination& dest,
+                                         std::vector<WriteOp>& ops) {
+  // The whole request is gathered into one block once the last chunk is
+  // here, and written into the slot the decode rank reserved.
+  const proto::TransferInfo& info = *dest.info;
+  if (!(room.last && room.pages.size() == room.num_pages)) {
+    dest.pages_written = room.pages.size();
+    return false;
+  }
+  const std::span<const uint64_t> dst(info.dst_pages().data(), info.dst_pages_size());
+  PDKV_ASSIGN_OR_RETURN(TransferPlan plan, ctx_.planner.plan(ctx_.shard, shard_of(dest.rank),
+                                                             *dest.link.kv, room.pages, dst));
+  if (plan.bytes() != info.staging_bytes()) {
+    return Status::invalid_argument(
+        fmt::format("room {}: {} reserved a staging slot of {} bytes, but the plan moves {}",
+                    room.id, describe(dest.rank), info.staging_bytes(), plan.bytes()));
+  }
+  if (!dest.gather_slot) {
+    dest.gather_slot = ctx_.staging.allocate(plan.bytes());
+    if (!dest.gather_slot) {  // no room to gather now: again when a slot frees
+      dest.waiting_for_gather = true;
+      gather_waiters_.emplace_back(room.id, dest.key);
+      return false;
+    }
+  }
+  const Status gathered = ctx_.pool_staging.gather(plan, *dest.gather_slot);
+  if (!gathered.is_ok()) {
+    release_gather(dest);
+    return gathered.with_context(
+        fmt::format("room {}: gathering the block for {}", room.id, describe(dest.rank)));
+  }
+  ops.push_back({ctx_.keys.staging, *dest.gather_slot, dest.rank.staging_region(),
+                 info.staging_offset(), plan.bytes()});
+  ++ctx_.counters.staged_routes;
+  if (room.handle) {
+    std::lock_guard lock(room.handle->mu);
+    room.handle->metrics_.staged = true;
+  }
+  return true;
+}
+
+void PrefillSide::add_extras(const PrefillRoom& room, const Destination& dest,
+                             std::vector<WriteOp>& ops) {
+  const proto::TransferInfo& info = *dest.info;
+  if (dest.link.writes_aux) {
+    const auto& items = ctx_.config.aux_item_bytes;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const uint64_t n = items[i];
+      ops.push_back({ctx_.keys.aux_first + static_cast<RegionKey>(i), room.aux_slot * n,
+                     dest.rank.aux_region_first() + static_cast<RegionKey>(i), info.aux_slot() * n,
+                     n});
+    }
+  }
+  if (!dest.link.state_channels || room.state_slots.empty()) return;
+  // [slot][local layer][local channel][channel_bytes] on both sides.
+  const Segment& cs = *dest.link.state_channels;
+  const Segment& ls = *dest.link.state_layers;
+  const uint64_t cb = ctx_.config.state.channel_bytes;
+  const uint64_t src_layers = ctx_.shard.layers.count, dst_layers = dest.rank.layer_count();
+  const uint64_t dst_channels = AxisSharding::even(ctx_.config.state.channels, dest.rank.tp_size())
+                                    .value()
+                                    .owned(dest.rank.tp_rank())
+                                    .value()
+                                    .count;
+  for (size_t i = 0; i < room.state_slots.size(); ++i) {
+    for (uint32_t l = 0; l < ls.count; ++l) {
+      const uint64_t src =
+          ((room.state_slots[i] * src_layers + ls.src_offset + l) * ctx_.local_channels +
+           cs.src_offset) *
+          cb;
+      const uint64_t dst =
+          ((info.state_slots(int(i)) * dst_layers + ls.dst_offset + l) * dst_channels +
+           cs.dst_offset) *
+          cb;
+      ops.push_back({ctx_.keys.state, src, dest.rank.state_region(), dst, cs.count * cb});
+    }
+  }
+}
+
+void PrefillSide::on_batch_end(RoomId id, RankKey key, const BatchStatus& status) {
+  --ctx_.counters.batches_in_flight;
+  PrefillRoom* room = find(id);
+  if (room == nullptr) return;  // never: a room with batches in flight is kept
+  Destination& dest = room->dests.at(key);
+  --dest.batches;
+  // The gathered block has left: its slot is free again.
+  if (dest.batches == 0 && dest.extras_written) release_gather(dest);
+  if (status.state == BatchState::kFailed) {
+    // The bytes of this route never all arrived: the room fails, at both ends.
+    return fail(*room, status.error.with_context(
+                           fmt::format("room {}: write to {}", id, describe(dest.rank))));
+  }
+  step(*room);
+}
+
+void PrefillSide::release_gather(Destination& dest) {
+  if (!dest.gather_slot) return;
+  ctx_.staging.release(*dest.gather_slot);
+  dest.gather_slot.reset();
+  wake_gather_waiters();
+}
+
+void PrefillSide::wake_gather_waiters() {
+  auto waiting = std::move(gather_waiters_);
+  gather_waiters_.clear();
+  for (const auto& [id, key] : waiting) {
+    PrefillRoom* room = find(id);
+    if (room == nullptr) continue;
+    auto dest = room->dests.find(key);
+    if (dest == room->dests.end() || !dest->second.waiting_for_gather) continue;
+    dest->second.waiting_for_gather = false;
+    step(*room);  // gathers now, or waits again
+  }
+}
+
+void PrefillSide::report(PrefillRoom& room, Destination& dest, const Status& outcome) {
+  using Report = Destination::Report;
+  const bool success = outcome.is_ok();
+  dest.report = success ? Report::kSending : Report::kFailureSent;
+  ControlLink* link = ctx_.peers.link(dest.peer);
+  if (link == nullptr) {  // never bound to a peer: nobody to tell
+    if (success) {
+      dest.report = Report::kNone;
+      fail(room, Status::internal(
+                     fmt::format("room {}: no control link to {}", room.id, describe(dest.rank))));
+    }
+    return;
+  }
+  proto::RoomStatus msg;
+  msg.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  msg.set_room(room.id);
+  *msg.mutable_prefill() = ctx_.self_ref();
+  msg.set_success(success);
+  msg.set_reason(outcome.message());
+  msg.set_code(static_cast<uint32_t>(outcome.code()));
+  msg.set_bytes(dest.bytes);
+  const RoomId id = room.id;
+  const RankKey key = dest.key;
+  link->report_status(
+      std::move(msg), kControlCallTimeout, [this, id, key, success](const grpc::Status& s) {
+        PrefillRoom* r = find(id);
+        if (r == nullptr || !success) return;  // failure notices: best effort
+        Destination& d = r->dests.at(key);
+        if (d.report != Report::kSending) return;
+        if (s.ok()) {
+          d.report = Report::kAcked;
+          return step(*r);
+        }
+        d.report = Report::kNone;  // told of the failure instead
+        fail(*r,
+             from_grpc(s, fmt::format("room {}: reporting success to {}", id, describe(d.rank))));
+      });
+}
+
+void PrefillSide::on_drain_timeout(RoomId id) {
+  PrefillRoom* room = find(id);
+  if (room == nullptr) return;
+  room->drain_timer = 0;
+  // Batches that outlive their room's failure by the transfer timeout are
+  // ended by failing the connection they travel on (other rooms' batches on
+  // it fail too: a connection that holds writes this long is broken).
+  for (auto& [key, dest] : room->dests) {
+    if (dest.batches == 0) continue;
+    ctx_.peers.fail_wire(
+        dest.peer, Status::deadline_exceeded(fmt::format(
+                       "room {}: writes to {} did not end within {} ms of the room's failure", id,
+                       describe(dest.rank), ctx_.config.timeouts.transfer.count())));
+  }
+}
+
+}  // namespace pdkv::engine
