@@ -34,7 +34,8 @@ class Answer {
 using AnswerPtr = std::shared_ptr<Answer>;
 
 // Where the service delivers requests. Called on gRPC's threads; must not
-// block. The request stays valid until its answer is sent.
+// block. The request is gRPC's: valid only until the call returns or the
+// answer is sent, whichever comes first (copy what is kept).
 class ControlSink {
  public:
   virtual ~ControlSink() = default;

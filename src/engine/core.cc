@@ -241,7 +241,8 @@ std::vector<PollState> EngineCore::poll(std::span<const RoomId> rooms) const {
 }
 
 void EngineCore::on_transfer_info(const proto::TransferInfo& info, AnswerPtr answer) {
-  loop_.post([this, &info, answer] {
+  // A copy: gRPC frees its request once the answer is sent.
+  loop_.post([this, info, answer] {
     if (!prefill()) {
       return answer->send(
           Status::failed_precondition(fmt::format("{} is a decode rank", describe(self_))));
@@ -251,7 +252,7 @@ void EngineCore::on_transfer_info(const proto::TransferInfo& info, AnswerPtr ans
 }
 
 void EngineCore::on_room_status(const proto::RoomStatus& status, AnswerPtr answer) {
-  loop_.post([this, &status, answer] {
+  loop_.post([this, status, answer] {
     if (prefill()) {
       return answer->send(
           Status::failed_precondition(fmt::format("{} is a prefill rank", describe(self_))));
@@ -261,7 +262,7 @@ void EngineCore::on_room_status(const proto::RoomStatus& status, AnswerPtr answe
 }
 
 void EngineCore::on_abort(const proto::AbortRequest& request, AnswerPtr answer) {
-  loop_.post([this, &request, answer] {
+  loop_.post([this, request, answer] {
     if (!prefill()) {
       return answer->send(
           Status::failed_precondition(fmt::format("{} is a decode rank", describe(self_))));

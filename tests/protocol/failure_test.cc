@@ -4,7 +4,7 @@
 
 #include <numeric>
 
-#include "support/cluster.h"
+#include "support/rooms.h"
 
 namespace pdkv {
 namespace {
@@ -16,27 +16,9 @@ using testing::first_pages;
 using testing::poll_until;
 using testing::shape;
 
-bool ended(PollState s) { return s == PollState::kSuccess || s == PollState::kFailed; }
-
-struct Room {
-  std::vector<std::unique_ptr<Sender>> senders;
-  std::vector<std::unique_ptr<Receiver>> receivers;
-};
-
-// Opens `room` on every rank: receivers with metadata, senders with init.
-Room open_room(Cluster& c, RoomId room, uint64_t pages) {
-  Room r;
-  for (auto& e : c.decode) {
-    r.receivers.push_back(std::move(e->receiver(room, c.spec().prefill_id)).value());
-    EXPECT_TRUE(r.receivers.back()->init().is_ok());
-    EXPECT_TRUE(r.receivers.back()->send_metadata(first_pages(pages, 8)).is_ok());
-  }
-  for (auto& e : c.prefill) {
-    r.senders.push_back(std::move(e->sender(room, c.spec().decode_id)).value());
-    EXPECT_TRUE(r.senders.back()->init(pages).is_ok());
-  }
-  return r;
-}
+bool ended(PollState s) { return testing::ClusterRoom::terminal(s); }
+using Room = testing::ClusterRoom;
+using testing::open_room;
 
 TEST(Abort, PrefillAbortFailsItsDestinationsOnly) {
   auto c = Cluster::start(shape(8, 2, 4));  // prefill 0 -> decode 0, 1; prefill 1 -> decode 2, 3

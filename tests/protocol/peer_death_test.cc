@@ -5,8 +5,8 @@
 
 #include <numeric>
 
-#include "support/child_process.h"
 #include "support/cluster.h"
+#include "support/peer_process.h"
 
 namespace pdkv {
 namespace {
@@ -16,18 +16,7 @@ using testing::Cluster;
 using testing::ClusterSpec;
 using testing::poll_until;
 
-// A pdkv_test_peer process; killed (if still alive) when this goes away.
-class PeerProcess {
- public:
-  PeerProcess(const std::string& role, const std::string& bootstrap, RoomId room)
-      : child_({PDKV_TEST_PEER, role, bootstrap, std::to_string(room)}) {}
-  // Blocks until the peer printed "ready" (or exited).
-  bool ready() { return child_.pid() > 0 && child_.read_line() == "ready"; }
-  void kill_now() { child_.kill_now(); }
-
- private:
-  testing::ChildProcess child_;
-};
+using testing::PeerProcess;
 
 ClusterSpec one_side(bool with_prefill) {
   ClusterSpec spec;  // the shape pdkv_test_peer uses: TP 1 on both sides

@@ -120,6 +120,12 @@ std::vector<Case> cases() {
   pp_d.decode_pp = 2;
   out.push_back({"pp1_to_pp2_h4_tp1_to_2", pp_d});
   out.push_back({"chunked_h8_tp2_to_4", shape(8, 2, 4), 3});
+  // Aux from the last prefill stage, even to a decode stage fed by stage 0.
+  ClusterSpec pp_aux = shape(8, 2, 2);
+  pp_aux.prefill_pp = 2;
+  pp_aux.decode_pp = 2;
+  pp_aux.aux_items = {16, 4};
+  out.push_back({"aux_pp2_to_pp2_h8_tp2_to_2", pp_aux});
   ClusterSpec extras = shape(8, 4, 2);
   extras.aux_items = {24, 8, 4};  // several aux buffers, each its own item length
   extras.state = StateSpec{4, 6, 4};

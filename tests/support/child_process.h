@@ -1,10 +1,11 @@
-// A helper process for tests: started with posix_spawn, its stdout read line
-// by line, killed (SIGKILL) and reaped when this object goes away.
+// A helper process for tests: started with posix_spawn, its stdin written
+// and its stdout read line by line, killed (SIGKILL) and reaped when this
+// object goes away.
 #pragma once
 
 #include <sys/types.h>
 
-#include <cstdio>
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,14 +23,20 @@ class ChildProcess {
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   pid_t pid() const { return pid_; }
-  // The next line of its stdout without the newline; "" at EOF.
-  std::string read_line();
+  // The next line of its stdout without the newline; "" at EOF or when
+  // `limit` passes first.
+  std::string read_line(std::chrono::milliseconds limit = std::chrono::seconds(60));
+  // A line to its stdin (a newline is added); false if it cannot take it.
+  bool write_line(const std::string& line);
+  // Sends `sig` (SIGSTOP, SIGCONT, ...).
+  void signal(int sig);
   // Sends SIGKILL and reaps it; idempotent.
   void kill_now();
 
  private:
   pid_t pid_ = -1;
-  FILE* stdout_ = nullptr;
+  int stdin_ = -1, stdout_ = -1;
+  std::string buffer_;  // read but not yet returned
 };
 
 // pdkv_backend_peer prints its transport's descriptor in hex; the bytes.

@@ -110,7 +110,8 @@ std::unique_ptr<Cluster> Cluster::start(const ClusterSpec& spec) {
           // Generous: a whole pool's worth per destination, for any test here.
           uint64_t bytes = 0;
           for (const auto& b : memory.back().kv) bytes += b.size();
-          cfg.staging_bytes = bytes * 8;
+          cfg.staging_bytes = (prefill ? spec.prefill_staging_bytes : spec.decode_staging_bytes)
+                                  .value_or(bytes * 8);
           memory.back().staging.resize(cfg.staging_bytes);
         }
         auto engine = Engine::create(cfg, memory.back().pools());
@@ -165,6 +166,81 @@ void Cluster::fill(uint64_t room, const std::vector<uint64_t>& pages, uint32_t a
     for (uint64_t o = 0; o < m.state.size(); ++o)
       m.state[o] = std::byte{untouched_byte(uint32_t(r), 901, o)};
   }
+}
+
+std::string Cluster::verify_untouched() const {
+  loopback_fence();
+  for (size_t r = 0; r < decode.size(); ++r) {
+    const RankMemory& m = decode_memory[r];
+    for (size_t b = 0; b < m.kv.size(); ++b) {
+      for (uint64_t o = 0; o < m.kv[b].size(); ++o) {
+        const uint8_t want = untouched_byte(uint32_t(r), uint32_t(b), o);
+        if (std::to_integer<uint8_t>(m.kv[b][o]) != want) {
+          return fmt::format("decode rank {} KV buffer {} byte {}: {} != untouched {}", r, b, o,
+                             std::to_integer<int>(m.kv[b][o]), want);
+        }
+      }
+    }
+  }
+  return "";
+}
+
+std::string Cluster::verify_pages(uint64_t room, const std::vector<uint64_t>& pages,
+                                  uint32_t aux_slot) const {
+  loopback_fence();
+  for (size_t r = 0; r < decode.size(); ++r) {
+    const auto& cfg = decode[r]->config();
+    const auto g = geometry(cfg.kv, cfg.state, cfg.tp_rank, cfg.tp_size, cfg.pp_rank, cfg.pp_size);
+    const RankMemory& m = decode_memory[r];
+    std::string wrong;
+    for_each_element(cfg.kv, g.heads, g.layers, pages, room,
+                     [&](uint32_t buf, uint64_t off, uint8_t v) {
+                       if (wrong.empty() && std::to_integer<uint8_t>(m.kv[buf][off]) != v) {
+                         wrong = fmt::format("decode rank {} KV buffer {} byte {}: {} != {}", r,
+                                             buf, off, std::to_integer<int>(m.kv[buf][off]), v);
+                       }
+                     });
+    if (!wrong.empty()) return wrong;
+    for (size_t b = 0; b < m.aux.size(); ++b) {
+      const uint64_t n = spec_.aux_items[b];
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint8_t want = aux_byte(room, uint32_t(b), i);
+        if (std::to_integer<uint8_t>(m.aux[b][aux_slot * n + i]) != want) {
+          return fmt::format("decode rank {} aux buffer {} slot {} byte {}", r, b, aux_slot, i);
+        }
+      }
+    }
+  }
+  return "";
+}
+
+void Cluster::poison(size_t r, const std::vector<uint64_t>& pages, uint64_t room) {
+  const auto& cfg = decode[r]->config();
+  const auto g = geometry(cfg.kv, cfg.state, cfg.tp_rank, cfg.tp_size, cfg.pp_rank, cfg.pp_size);
+  RankMemory& m = decode_memory[r];
+  loopback_fence();
+  for_each_element(
+      cfg.kv, g.heads, g.layers, pages, room, [&](uint32_t buf, uint64_t off, uint8_t) {
+        m.kv[buf][off] = std::byte{mix_byte((room << 32) ^ (uint64_t{buf} << 24) ^ off ^ 0x9015)};
+      });
+}
+
+std::string Cluster::check_poison(size_t r, const std::vector<uint64_t>& pages,
+                                  uint64_t room) const {
+  const auto& cfg = decode[r]->config();
+  const auto g = geometry(cfg.kv, cfg.state, cfg.tp_rank, cfg.tp_size, cfg.pp_rank, cfg.pp_size);
+  const RankMemory& m = decode_memory[r];
+  loopback_fence();
+  std::string landed;
+  for_each_element(
+      cfg.kv, g.heads, g.layers, pages, room, [&](uint32_t buf, uint64_t off, uint8_t) {
+        const uint8_t want = mix_byte((room << 32) ^ (uint64_t{buf} << 24) ^ off ^ 0x9015);
+        if (landed.empty() && std::to_integer<uint8_t>(m.kv[buf][off]) != want) {
+          landed = fmt::format("decode rank {} KV buffer {} byte {} changed after room {} failed",
+                               r, buf, off, room);
+        }
+      });
+  return landed;
 }
 
 std::string Cluster::verify(uint64_t room, const std::vector<uint64_t>& pages, uint32_t aux_slot,

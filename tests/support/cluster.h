@@ -31,6 +31,8 @@ struct ClusterSpec {
   TransportOptions decode_transport;        // ... and of the decode ranks
   FaultSpec prefill_faults;                 // injected into the prefill ranks' transports
   Staging staging = Staging::kOff;          // with kOn/kAuto every rank gets a staging pool
+  // Staging pool sizes; default: 8 whole KV pools' worth, enough for any test.
+  std::optional<uint64_t> prefill_staging_bytes, decode_staging_bytes;
   std::string prefill_id = "prefill", decode_id = "decode";
 };
 
@@ -62,6 +64,16 @@ class Cluster {
   // the first difference, or "" when all is right.
   std::string verify(uint64_t room, const std::vector<uint64_t>& decode_pages, uint32_t aux_slot,
                      const std::vector<uint32_t>& state_slots) const;
+  // Checks that no decode byte changed since fill(); "" when none did.
+  std::string verify_untouched() const;
+  // For rooms that run side by side: only `pages` and the aux slot of every
+  // decode rank are checked (the room's values); "" when right.
+  std::string verify_pages(uint64_t room, const std::vector<uint64_t>& decode_pages,
+                           uint32_t aux_slot) const;
+  // A failed room's pages on decode rank `rank` get a poison pattern of
+  // their own; check_poison says whether any byte of it changed since.
+  void poison(size_t rank, const std::vector<uint64_t>& pages, uint64_t room);
+  std::string check_poison(size_t rank, const std::vector<uint64_t>& pages, uint64_t room) const;
 
   // Byte i of aux buffer `buffer` for a room, as the last prefill stage holds
   // it (earlier stages hold other bytes: they do not have the output token).

@@ -8,11 +8,25 @@
 //
 // Option {"stall", "1"} injects a fault: writes are accepted but their
 // batches never complete, as with a hung NIC (for transfer-timeout tests).
+//
+// Options that call the peer-failure callback as real backends may (for a
+// peer id no one connected, 0xdead), to prove the engine takes them at any
+// time on any thread:
+//   {"callback_in_connect", "1"}  connect() waits for another thread that
+//                                 runs the callback (nixl and mori deliver
+//                                 peer failures on their progress thread,
+//                                 which connect() waits on)
+//   {"callback_in_write", "1"}    write() runs it before it returns
+//   {"callback_storm", "1"}       a thread runs it every 100 µs for as long
+//                                 as the transport lives
 #include <fmt/format.h>
 
+#include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "support/loopback_transport.h"
 
@@ -29,14 +43,33 @@ uint64_t g_next_id = 1;
 
 constexpr std::string_view kPrefix = "loopback:";
 
+struct LoopbackOptions {
+  bool stall = false;
+  bool callback_in_connect = false;
+  bool callback_in_write = false;
+  bool callback_storm = false;
+};
+
+constexpr PeerId kStrangerPeer = 0xdead;
+
 class LoopbackTransport final : public Transport {
  public:
-  explicit LoopbackTransport(bool stall) : stall_(stall) {
+  explicit LoopbackTransport(LoopbackOptions options) : stall_(options.stall), options_(options) {
     std::lock_guard lock(g_mu);
     id_ = g_next_id++;
     g_live[id_] = this;
+    if (options_.callback_storm) {
+      storm_ = std::thread([this] {
+        while (!stopping_) {
+          call_back(kStrangerPeer, Status::unavailable("storm"));
+          std::this_thread::sleep_for(std::chrono::microseconds(100));  // the storm's pace
+        }
+      });
+    }
   }
   ~LoopbackTransport() override {
+    stopping_ = true;
+    if (storm_.joinable()) storm_.join();
     std::lock_guard lock(g_mu);
     g_live.erase(id_);
   }
@@ -72,6 +105,10 @@ class LoopbackTransport final : public Transport {
         return Status::unavailable(fmt::format("loopback peer {} does not exist", remote));
       }
     }
+    if (options_.callback_in_connect) {
+      std::thread progress([this] { call_back(kStrangerPeer, Status::unavailable("elsewhere")); });
+      progress.join();
+    }
     std::lock_guard lock(mu_);
     const PeerId id = next_peer_++;
     peers_[id] = Peer{remote, Status::ok()};
@@ -79,6 +116,7 @@ class LoopbackTransport final : public Transport {
   }
 
   Result<BatchId> write(PeerId peer_id, std::span<const WriteOp> ops) override {
+    if (options_.callback_in_write) call_back(kStrangerPeer, Status::unavailable("inline"));
     std::lock_guard global(g_mu);
     std::unique_lock lock(mu_);
     auto peer = peers_.find(peer_id);
@@ -170,7 +208,19 @@ class LoopbackTransport final : public Transport {
     return Status::ok();
   }
 
+  void call_back(PeerId peer, const Status& reason) {
+    PeerFailureCallback callback;
+    {
+      std::lock_guard lock(mu_);
+      callback = callback_;
+    }
+    if (callback) callback(peer, reason);
+  }
+
   const bool stall_;
+  const LoopbackOptions options_;
+  std::atomic<bool> stopping_{false};
+  std::thread storm_;
   uint64_t id_ = 0;
   mutable std::mutex mu_;
   std::vector<MemoryRegion> regions_;
@@ -182,16 +232,22 @@ class LoopbackTransport final : public Transport {
 };
 
 Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options) {
-  bool stall = false;
+  LoopbackOptions o;
+  const std::map<std::string, bool*> flags = {{"stall", &o.stall},
+                                              {"callback_in_connect", &o.callback_in_connect},
+                                              {"callback_in_write", &o.callback_in_write},
+                                              {"callback_storm", &o.callback_storm}};
   for (const auto& [key, value] : options) {
-    if (key == "stall" && (value == "0" || value == "1")) {
-      stall = value == "1";
-    } else {
-      return Status::invalid_argument(
-          fmt::format("loopback option '{}={}' unknown (only stall=0|1)", key, value));
+    auto flag = flags.find(key);
+    if (flag == flags.end() || (value != "0" && value != "1")) {
+      return Status::invalid_argument(fmt::format(
+          "loopback option '{}={}' unknown (stall, callback_in_connect, callback_in_write, "
+          "callback_storm; each 0 or 1)",
+          key, value));
     }
+    *flag->second = value == "1";
   }
-  return std::unique_ptr<Transport>(std::make_unique<LoopbackTransport>(stall));
+  return std::unique_ptr<Transport>(std::make_unique<LoopbackTransport>(o));
 }
 
 PDKV_REGISTER_TRANSPORT("loopback", make_loopback);
