@@ -65,6 +65,10 @@ TEST(PeerDeath, KilledDecodeFailsThePrefillRoomNamingIt) {
   EXPECT_NE(tx->failure().message().find("control connection to decode dp 0 tp 0 pp 0 ("),
             std::string::npos)
       << tx->failure().message();
+  // Once no room needs the lost peer, it is forgotten: links do not pile up.
+  EXPECT_EQ(c->prefill[0]->stats().peers, 1u);
+  tx.reset();
+  EXPECT_TRUE(poll_until([&] { return c->prefill[0]->stats().peers == 0; }));
 }
 
 TEST(PeerDeath, RestartedPrefillReplacesItsOldIncarnation) {
