@@ -4,11 +4,22 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 
 namespace pdkv::engine {
 namespace {
 
 constexpr auto kRetryRefused = std::chrono::milliseconds(50);
+
+// gRPC orders a reactor's construction before the callbacks it runs on
+// threads of its own, but inside its core, where tools (ThreadSanitizer)
+// cannot see it: this lock, taken after construction and at the top of each
+// callback, states the order where they can.
+std::mutex& reactor_order() {
+  static std::mutex mu;
+  return mu;
+}
+void ordered_after_construction() { std::lock_guard lock(reactor_order()); }
 
 CallTracker::Group next_group() {
   static std::atomic<CallTracker::Group> next{1};
@@ -36,9 +47,10 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
 
 }  // namespace
 
-// The client end of one Watch stream. It deletes itself when gRPC is done
-// with it (OnDone); its events reach the link through the loop, if the link
-// still exists then.
+// The client end of one Watch stream, made on the loop's thread. Its events
+// reach the link through the loop, if the link still exists then; when gRPC
+// is done with it (OnDone), the loop deletes it too, on the thread that made
+// it (shutdown stops the loop only after every OnDone has posted).
 class ControlLink::WatchStream final
     : public grpc::ClientBidiReactor<proto::Heartbeat, proto::Heartbeat> {
  public:
@@ -50,6 +62,7 @@ class ControlLink::WatchStream final
     hello_.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
     *hello_.mutable_from() = self;
     call_ = tracker_.begin(group, ctx_, CallTracker::Kind::kStream);
+    ordered_after_construction();
     stub.async()->Watch(ctx_.get(), this);
     StartRead(&in_);
     StartWrite(&hello_);
@@ -57,18 +70,25 @@ class ControlLink::WatchStream final
   }
 
   void OnReadInitialMetadataDone(bool ok) override {
+    ordered_after_construction();
     if (!ok) return;  // OnDone follows
     up_ = true;
     post([](ControlLink& l) { l.on_stream_up(); });
   }
   void OnReadDone(bool ok) override {
+    ordered_after_construction();
     if (ok) StartRead(&in_);  // the peer sends nothing; keep the stream open
   }
   void OnDone(const grpc::Status& status) override {
-    tracker_.end(call_);
-    const bool was_up = up_;
-    post([status, was_up](ControlLink& l) { l.on_stream_done(status, was_up); });
-    delete this;
+    ordered_after_construction();
+    CallTracker& tracker = tracker_;
+    const uint64_t call = call_;
+    loop_.post(
+        [link = link_, status, was_up = up_.load(), self = std::shared_ptr<WatchStream>(this)] {
+          if (auto l = link.lock()) l->on_stream_done(status, was_up);
+        });
+    // Last: until now shutdown waits, with the loop running, for this post.
+    tracker.end(call);
   }
 
  private:

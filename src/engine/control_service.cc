@@ -1,5 +1,6 @@
 #include "engine/control_service.h"
 
+#include <utility>
 #include <vector>
 
 #include "grpc_status.h"
@@ -15,6 +16,13 @@ void Answer::send(const Status& status) {
 // The server end of one peer's Watch stream: it sends its initial metadata
 // at once (how the peer knows the link is up), reads until the peer goes, and
 // is ended by close_watches() when this rank shuts down.
+// The server end of one peer's Watch stream: it sends its initial metadata
+// at once (how the peer knows the link is up), reads until the peer goes, and
+// is ended by close_watches() when this rank shuts down.
+//
+// Its flags are the service's, under the service's lock: Watch() takes that
+// lock right after constructing it, which orders the construction before
+// the gRPC threads that call it back.
 class ControlService::WatchReactor final
     : public grpc::ServerBidiReactor<proto::Heartbeat, proto::Heartbeat> {
  public:
@@ -25,30 +33,40 @@ class ControlService::WatchReactor final
 
   void OnReadDone(bool ok) override {
     if (!ok) return finish(grpc::Status::OK);  // the peer closed its side
-    if (first_) {
-      first_ = false;
+    if (take_first()) {
       const Status version = check_protocol_version(in_.protocol_version());
       if (!version.is_ok()) return finish(to_grpc(version));
     }
     StartRead(&in_);
   }
-  void OnCancel() override { finish(grpc::Status::CANCELLED); }
   void OnDone() override {
+    std::lock_guard alive(service_.closing_mu_);  // not while close_watches() walks us
     {
       std::lock_guard lock(service_.mu_);
       service_.watches_.erase(this);
     }
     delete this;
   }
+  // Ends the stream once, whoever asks first.
   void finish(const grpc::Status& status) {
-    if (!finished_.exchange(true)) Finish(status);
+    {
+      std::lock_guard lock(service_.mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(status);
   }
 
  private:
+  bool take_first() {
+    std::lock_guard lock(service_.mu_);
+    return std::exchange(first_, false);
+  }
+
   ControlService& service_;
   proto::Heartbeat in_;
-  bool first_ = true;  // reads are sequential: no lock needed
-  std::atomic<bool> finished_{false};
+  bool first_ = true;      // service_.mu_
+  bool finished_ = false;  // service_.mu_
 };
 
 template <typename Request, typename Deliver>
@@ -95,20 +113,27 @@ grpc::ServerUnaryReactor* ControlService::AbortRoom(grpc::CallbackServerContext*
 grpc::ServerBidiReactor<proto::Heartbeat, proto::Heartbeat>* ControlService::Watch(
     grpc::CallbackServerContext*) {
   auto* reactor = new WatchReactor(*this);  // deletes itself in OnDone
-  std::lock_guard lock(mu_);
-  if (closing_) {
-    reactor->finish(grpc::Status::OK);
-  } else {
-    watches_.insert(reactor);
+  bool closing;
+  {
+    std::lock_guard lock(mu_);
+    closing = closing_;
+    if (!closing) watches_.insert(reactor);
   }
+  if (closing) reactor->finish(grpc::Status::OK);
   return reactor;
 }
 
 void ControlService::close_watches() {
-  std::lock_guard lock(mu_);
-  closing_ = true;
-  // OnDone, which erases from the set under mu_, never runs inside Finish.
-  for (WatchReactor* w : watches_) w->finish(grpc::Status::OK);
+  // closing_mu_ keeps every reactor alive (OnDone waits for it) while they
+  // are finished here, outside mu_, which finish() takes.
+  std::lock_guard alive(closing_mu_);
+  std::vector<WatchReactor*> open;
+  {
+    std::lock_guard lock(mu_);
+    closing_ = true;
+    open.assign(watches_.begin(), watches_.end());
+  }
+  for (WatchReactor* w : open) w->finish(grpc::Status::OK);
 }
 
 }  // namespace pdkv::engine

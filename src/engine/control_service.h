@@ -77,7 +77,8 @@ class ControlService final : public proto::Control::CallbackService {
                                   Deliver deliver);
 
   std::atomic<ControlSink*> sink_{nullptr};
-  std::mutex mu_;  // guards watches_, closing_
+  std::mutex closing_mu_;  // held by close_watches(); OnDone waits for it (taken before mu_)
+  std::mutex mu_;          // guards watches_, closing_ and the reactors' flags
   bool closing_ = false;
   std::set<WatchReactor*> watches_;
 };

@@ -156,8 +156,7 @@ void DecodeSide::on_room_status(const proto::RoomStatus& status, AnswerPtr answe
   if (found == room->sources.end() || from.engine_id() != room->engine.first ||
       from.incarnation() != found->second.rank.incarnation()) {
     return answer->send(Status::invalid_argument(
-        fmt::format("room {}: {} dp {} tp {} pp {} is not a source of {}", id, from.engine_id(),
-                    from.dp_rank(), from.tp_rank(), from.pp_rank(), describe(ctx_.self))));
+        fmt::format("room {}: {} is not a source of {}", id, describe(from), describe(ctx_.self))));
   }
   Source& source = found->second;
   // Whatever it says, this source writes nothing more for the room.

@@ -108,6 +108,16 @@ class PrefillSide {
     std::optional<Clock::time_point> first_post;
   };
 
+  // "decode dp 0 tp 1 pp 0, ..." for the destinations `pick` picks.
+  template <typename Pick>
+  static std::string names_of(const std::map<RankKey, Destination>& dests, Pick pick) {
+    std::string out;
+    for (const auto& [key, d] : dests) {
+      if (pick(d)) out += (out.empty() ? "" : ", ") + describe(d.rank);
+    }
+    return out;
+  }
+
   PrefillRoom* find(RoomId room);
   PrefillRoom& orphan(RoomId room);  // opened by a message before the Sender
   void ensure_bound(PrefillRoom& room);

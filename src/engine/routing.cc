@@ -25,6 +25,10 @@ std::string describe(const proto::RankInfo& r) {
   return fmt::format("{} dp {} tp {} pp {}", r.engine_id(), r.dp_rank(), r.tp_rank(), r.pp_rank());
 }
 
+std::string describe(const proto::RankRef& r) {
+  return fmt::format("{} dp {} tp {} pp {}", r.engine_id(), r.dp_rank(), r.tp_rank(), r.pp_rank());
+}
+
 proto::RankRef ref_of(const proto::RankInfo& r) {
   proto::RankRef ref;
   ref.set_engine_id(r.engine_id());

@@ -26,6 +26,7 @@ struct RankKey {
 };
 
 std::string describe(const proto::RankInfo& rank);   // "decode-a dp 0 tp 1 pp 0"
+std::string describe(const proto::RankRef& rank);    // the same, for a message's sender
 proto::RankRef ref_of(const proto::RankInfo& rank);  // how messages name a rank
 
 // Everything one prefill rank writes to one decode rank.

@@ -2,18 +2,15 @@
 // --keep-going a failed request is counted with its reason and the run goes
 // on; it succeeds as long as every request that succeeded was verified (and
 // nothing landed in a failed request's pages) and no worker crashed.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include "support/child_process.h"
 #include "support/run_command.h"
-
-extern char** environ;
 
 namespace pdkv {
 namespace {
@@ -84,52 +81,30 @@ TEST(FaultRun, BadFaultsAreRefusedNamingThePair) {
 // A decode rank the user kills in a run that keeps going: the run goes on,
 // names the worker, and counts the requests that rank did not finish.
 TEST(FaultRun, KeepGoingOutlivesAWorkerTheUserKills) {
-  int out[2], err[2];
-  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
-  ASSERT_EQ(pipe2(err, O_CLOEXEC), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
-  std::vector<std::string> args = {
-      PDKV_BIN, "run", "--backend", "mooncake", "--prefill-tp", "1", "--decode-tp", "2",
-      "--requests", "16", "--tokens", "32", "--head-dim", "16", "--layers", "2", "--keep-going",
-      "--engine-timeout", "data=3000", "--engine-timeout", "keepalive=500", "--engine-timeout",
-      "transfer=1000",
-      // 100 ms a batch: the run lasts long enough to be cut.
-      "--fault", "delay_us=100000", "--window", "2", "--json", "--timeout", "120"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t run = -1;
-  ASSERT_EQ(posix_spawn(&run, PDKV_BIN, &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  close(out[1]);
-  close(err[1]);
-  // Its workers print their progress on pipes of their own; wait for the
-  // decode rank 1 process to exist and have moved a few requests: then kill it.
+  testing::ChildProcess run(
+      {PDKV_BIN, "run", "--backend", "mooncake", "--prefill-tp", "1", "--decode-tp", "2",
+       "--requests", "16", "--tokens", "32", "--head-dim", "16", "--layers", "2", "--keep-going",
+       "--engine-timeout", "data=3000", "--engine-timeout", "keepalive=500", "--engine-timeout",
+       "transfer=1000",
+       // 100 ms a batch: the run lasts long enough to be cut.
+       "--fault", "delay_us=100000", "--window", "2", "--json", "--timeout", "120"});
+  ASSERT_GT(run.pid(), 0);
+  // The decode rank 1 process, once the router started it.
   pid_t victim = -1;
   for (int tries = 0; tries < 2000 && victim < 0; ++tries) {
-    const auto r =
-        testing::run_command("pgrep -P " + std::to_string(run) + " -f 'decode .*--tp-rank 1 '");
+    const auto r = testing::run_command("pgrep -P " + std::to_string(run.pid()) +
+                                        " -f 'decode .*--tp-rank 1 '");
     if (r.exit_code == 0) victim = std::stoi(r.out);
     usleep(5000);  // the router's start-up, not a synchronisation: pgrep is the test
   }
   ASSERT_GT(victim, 0);
   usleep(500000);  // the workers' start-up; then any moment mid-run will do
   kill(victim, SIGKILL);
-  std::string stdout_text;
-  char buf[4096];
-  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) stdout_text.append(buf, n);
-  std::string stderr_text;
-  for (ssize_t n; (n = read(err[0], buf, sizeof buf)) > 0;) stderr_text.append(buf, n);
-  close(out[0]);
-  close(err[0]);
-  int status = 0;
-  waitpid(run, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << stderr_text;
-  const auto j = nlohmann::json::parse(stdout_text, nullptr, false);
-  ASSERT_FALSE(j.is_discarded()) << stdout_text << stderr_text;
+  const std::string summary = run.read_line(std::chrono::seconds(120));
+  const int status = run.wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const auto j = nlohmann::json::parse(summary, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << summary;
   ASSERT_EQ(j["lost_workers"].size(), 1u) << j;
   EXPECT_EQ(j["lost_workers"][0]["name"].get<std::string>(),
             "decode rank 1 (pid " + std::to_string(victim) + ")");

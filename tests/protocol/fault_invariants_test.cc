@@ -128,12 +128,16 @@ TEST_P(FaultInvariants, HoldUnderFailedStalledLateBatchesAndRefusedConnections) 
       decode_failed = true;
       EXPECT_FALSE(r.receivers[d]->failure().message().empty()) << "room " << id;
     }
+    std::string reasons;
     for (auto& s : r.senders) {
       if (s->poll() != PollState::kFailed) continue;
       prefill_failed = true;
       EXPECT_FALSE(s->failure().message().empty()) << "room " << id;
+      reasons += "\n  prefill: " + s->failure().message();
     }
-    EXPECT_EQ(decode_failed, prefill_failed) << "room " << id << " failed at one end only";
+    for (auto& rx : r.receivers) reasons += "\n  decode: " + rx->failure().to_string();
+    EXPECT_EQ(decode_failed, prefill_failed)
+        << "room " << id << " failed at one end only" << reasons;
     if (decode_failed) {
       ++failed;
     } else {

@@ -1,10 +1,10 @@
 // Scale, measured: 10,000 rooms at once between two engines, byte-exact;
 // the threads of an engine do not grow with its peers; the loop's work
 // follows the events, not the number of open rooms.
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include "support/rooms.h"
+#include "support/threads.h"
 
 namespace pdkv {
 namespace {
@@ -14,15 +14,6 @@ using testing::Cluster;
 using testing::ClusterSpec;
 using testing::first_pages;
 using testing::poll_until;
-
-size_t process_threads() {
-  size_t n = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
-}
 
 // Tiny rooms: one page of one token, 2 heads x 2 B, one layer.
 ClusterSpec tiny(uint32_t prefill_tp, uint32_t decode_tp, uint32_t heads, uint64_t pages) {
@@ -74,13 +65,13 @@ TEST(Scale, AnEnginesThreadsDoNotGrowWithItsPeers) {
   // opens a control link and a transport connection to each.
   auto c = Cluster::start(tiny(1, 64, 64, 4));
   ASSERT_NE(c, nullptr);
-  const size_t before = process_threads();
+  const size_t before = testing::thread_count();
   c->fill(1, first_pages(1), 0, {});
   auto r = testing::open_room(*c, 1, 1, /*send=*/true, 2);
   ASSERT_TRUE(poll_until([&] { return r.ended(); }, 30s));
   for (auto& rx : r.receivers) ASSERT_EQ(rx->poll(), PollState::kSuccess);
   EXPECT_EQ(c->prefill[0]->stats().peers, 64u);
-  const size_t after = process_threads();
+  const size_t after = testing::thread_count();
   // Every engine starts the same few threads, whatever its peers: its loop
   // and two connector threads; gRPC's own pool is the process's.
   for (auto& e : c->prefill) EXPECT_EQ(e->stats().engine_threads, 3u);

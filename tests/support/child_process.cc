@@ -81,6 +81,14 @@ void ChildProcess::signal(int sig) {
   if (pid_ > 0) kill(pid_, sig);
 }
 
+int ChildProcess::wait() {
+  if (pid_ <= 0) return -1;
+  int status = 0;
+  if (waitpid(pid_, &status, 0) != pid_) status = -1;
+  pid_ = -1;
+  return status;
+}
+
 void ChildProcess::kill_now() {
   if (pid_ <= 0) return;
   kill(pid_, SIGKILL);

@@ -30,6 +30,8 @@ class ChildProcess {
   bool write_line(const std::string& line);
   // Sends `sig` (SIGSTOP, SIGCONT, ...).
   void signal(int sig);
+  // Reaps it once it exits; its wait status (-1 if there is none).
+  int wait();
   // Sends SIGKILL and reaps it; idempotent.
   void kill_now();
 

@@ -9,7 +9,6 @@
 // pages 4..7, sends them and prints "room R ok" or "room R failed: why".
 // A line "threads" prints "threads N", the process's thread count. It runs
 // until killed.
-#include <dirent.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -19,19 +18,11 @@
 
 #include "support/cluster.h"
 #include "support/kv_oracle.h"
+#include "support/threads.h"
 
 namespace {
 
 using namespace pdkv;
-
-size_t thread_count() {
-  size_t n = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
-}
 
 bool ended(PollState s) { return s == PollState::kSuccess || s == PollState::kFailed; }
 
@@ -104,7 +95,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   for (std::string line; std::getline(std::cin, line);) {
     if (line == "threads") {
-      std::printf("threads %zu\n", thread_count());
+      std::printf("threads %zu\n", testing::thread_count());
     } else if (prefill && line.rfind("room ", 0) == 0) {
       const RoomId r = std::stoull(line.substr(5));
       std::printf("room %llu %s\n", static_cast<unsigned long long>(r),
