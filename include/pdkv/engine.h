@@ -180,8 +180,8 @@ class Engine {
   // rank the map gives nothing to send).
   Result<std::unique_ptr<Sender>> sender(RoomId room);
   // As above, bound for a named decode engine: metadata from another engine
-  // fails the room, and a rank the map gives nothing to send concludes
-  // without waiting for any message.
+  // is refused (its sender's room fails), and a rank the map gives nothing
+  // to send concludes without waiting for any message.
   Result<std::unique_ptr<Sender>> sender(RoomId room, const std::string& decode_engine,
                                          uint32_t decode_dp_rank = 0);
   // Decode only: the receiving side of `room`, fed by a prefill engine.

@@ -105,7 +105,8 @@ TEST(Room, PrefillRankWithoutDestinationConcludesAtOnce) {
 
 TEST(Timeout, DecodeWaitingForData) {
   ClusterSpec spec = shape(8, 2, 1);
-  spec.timeouts.waiting_for_data = 300ms;
+  // Long enough for prefill 1 to report (sanitizer builds are slow).
+  spec.timeouts.waiting_for_data = 1500ms;
   auto c = Cluster::start(spec);
   ASSERT_NE(c, nullptr);
   auto rx = std::move(c->decode[0]->receiver(5, "prefill")).value();
@@ -118,7 +119,7 @@ TEST(Timeout, DecodeWaitingForData) {
   ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kFailed; }, 5s));
   EXPECT_EQ(rx->failure().code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(rx->failure().message(),
-            "room 5: [prefill dp 0 tp 0 pp 0] did not report within 300 ms");
+            "room 5: [prefill dp 0 tp 0 pp 0] did not report within 1500 ms");
 }
 
 TEST(Timeout, PrefillWaitingForMetadata) {
