@@ -29,8 +29,9 @@ deps:
 	@scripts/install-deps.sh
 
 # configure + build one tree: $(call build_tree,DIR,EXTRA_CMAKE_FLAGS)
+# Developers and CI build with warnings as errors (PDKV_WERROR).
 define build_tree
-	cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS) $(2) >/dev/null
+	cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DPDKV_WERROR=ON $(CMAKE_FLAGS) $(2) >/dev/null
 	cmake --build $(1) -j $(JOBS)
 endef
 

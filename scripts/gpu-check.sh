@@ -45,7 +45,7 @@ if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
   step "install Debian packages" deps.log scripts/install-deps.sh
 fi
 step "configure (CUDA on)" configure.log \
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDKV_WITH_CUDA=ON
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDKV_WERROR=ON -DPDKV_WITH_CUDA=ON
 step "build (-j $JOBS)" build.log cmake --build build-gpu -j "$JOBS"
 # Skipped tests would read as passes here: a GPU machine must run them all.
 step "GPU tests (ctest -L gpu, none skipped)" gpu-tests.log \

@@ -458,7 +458,10 @@ Result<BatchId> NixlTransport::submit(PeerId peer_id, std::span<const WriteOp> o
     PDKV_RETURN_IF_ERROR(check_ops_bounds(direction == Direction::kWrite ? "write" : "read", ops,
                                           local_lengths, remote_lengths));
     id = next_batch_++;
-    batches_[id] = Batch{peer_id, {}, std::string(notification)};
+    Batch batch;  // field by field: GCC's -O3 sees `{}` as maybe uninitialised
+    batch.peer = peer_id;
+    batch.notification = std::string(notification);
+    batches_.emplace(id, std::move(batch));
     peer->second.batches.insert(id);
     ++in_flight_;
   }
