@@ -27,14 +27,20 @@ Result<uint64_t> parse_number(const std::string& key, const std::string& value, 
 }
 
 constexpr std::string_view kOptions =
-    "listen=ADDR[,ADDR...], bind=ADDR[,ADDR...], rails=N, slice_size=BYTES, slice_timeout_ms=MS, "
-    "request_timeout_ms=MS, retries=N, same_host=auto|off|require, io_threads=N";
+    "host=ADDR, listen=ADDR[,ADDR...], bind=ADDR[,ADDR...], rails=N, slice_size=BYTES, "
+    "slice_timeout_ms=MS, request_timeout_ms=MS, retries=N, same_host=auto|off|require, "
+    "io_threads=N";
 
 Result<EngineConfig> config_from(const TransportOptions& options) {
   EngineConfig c;
+  bool listen_given = false;
+  std::string host;  // the rank's address: listen and bind on it unless told otherwise
   for (const auto& [key, value] : options) {
-    if (key == "listen") {
+    if (key == "host") {
+      host = value;
+    } else if (key == "listen") {
       c.listen = split_list(value);
+      listen_given = true;
     } else if (key == "bind") {
       c.bind = split_list(value);
     } else if (key == "rails") {
@@ -63,6 +69,8 @@ Result<EngineConfig> config_from(const TransportOptions& options) {
           fmt::format("mooncake option '{}={}' unknown (options: {})", key, value, kOptions));
     }
   }
+  if (!host.empty() && !listen_given) c.listen = {host};
+  if (!host.empty() && c.bind.empty() && !listen_given) c.bind = {host};
   if (c.listen.empty()) return Status::invalid_argument("mooncake option listen= names no address");
   return c;
 }

@@ -26,14 +26,16 @@ Endpoint::~Endpoint() {
 
 // A counter of inbound accesses (FI_RMA_EVENT) tells the progress thread that
 // peers are busy here; a provider without it is opened without.
-Status Endpoint::open(const std::string& name) {
+Status Endpoint::open(const std::string& name, const std::string& host) {
   provider = name;
-  Status with_events = get_info(name, FI_RMA_EVENT);
-  if (!with_events.is_ok()) PDKV_RETURN_IF_ERROR(get_info(name, 0));
+  // Shared memory has no network address to open on.
+  const std::string node = name == "shm" ? "" : host;
+  Status with_events = get_info(name, node, FI_RMA_EVENT);
+  if (!with_events.is_ok()) PDKV_RETURN_IF_ERROR(get_info(name, node, 0));
   return open_objects();
 }
 
-Status Endpoint::get_info(const std::string& name, uint64_t extra_caps) {
+Status Endpoint::get_info(const std::string& name, const std::string& host, uint64_t extra_caps) {
   fi_info* hints = fi_allocinfo();
   if (hints == nullptr) return Status::internal("fi_allocinfo failed");
   hints->ep_attr->type = FI_EP_RDM;
@@ -44,9 +46,13 @@ Status Endpoint::get_info(const std::string& name, uint64_t extra_caps) {
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   hints->fabric_attr->prov_name = strdup(name.c_str());
-  const int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &info);
+  const int rc = fi_getinfo(FI_VERSION(1, 9), host.empty() ? nullptr : host.c_str(), nullptr,
+                            host.empty() ? 0 : FI_SOURCE, hints, &info);
   fi_freeinfo(hints);
-  if (rc != 0) return ofi_error(fmt::format("fi_getinfo for provider '{}'", name), rc);
+  if (rc != 0) {
+    return ofi_error(
+        fmt::format("fi_getinfo for provider '{}'{}", name, host.empty() ? "" : " on " + host), rc);
+  }
   return Status::ok();
 }
 

@@ -41,11 +41,12 @@ struct Endpoint {
   ~Endpoint();
 
   // Opens provider `name` (RDM endpoints with RMA), with FI_RMA_EVENT where
-  // the provider has it, else without.
-  Status open(const std::string& name);
+  // the provider has it, else without; a network provider's endpoint on
+  // `host` when one is given.
+  Status open(const std::string& name, const std::string& host = "");
 
  private:
-  Status get_info(const std::string& name, uint64_t extra_caps);
+  Status get_info(const std::string& name, const std::string& host, uint64_t extra_caps);
   Status open_objects();
 };
 

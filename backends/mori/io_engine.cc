@@ -370,7 +370,7 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
   std::string why;
   for (const auto& name : wanted) {
     auto e = std::make_unique<Endpoint>();
-    if (Status st = e->open(name); !st.is_ok()) {
+    if (Status st = e->open(name, config.host); !st.is_ok()) {
       why += (why.empty() ? "" : "; ") + st.message();
       logger("mori")->debug("provider {} unavailable: {}", name, st.message());
       continue;

@@ -36,6 +36,9 @@ struct IoEngineConfig {
   // libfabric provider for every peer ("shm", "tcp;ofi_rxm", "verbs;ofi_rxm",
   // "efa", ...). FI_PROVIDER, when set, is what libfabric may choose from.
   std::string provider = "auto";
+  // The rank's address: network providers open their endpoint on it (the
+  // shared-memory one has no address). Empty: the provider's choice.
+  std::string host;
   // A transfer not done in this time fails (its operations are still
   // accounted for when the provider returns them).
   std::chrono::milliseconds transfer_timeout{30'000};

@@ -15,7 +15,7 @@
 namespace pdkv::backends::mori {
 namespace {
 
-constexpr std::string_view kOptions = "provider=auto|shm|tcp;ofi_rxm|..., timeout_ms=MS";
+constexpr std::string_view kOptions = "host=ADDR, provider=auto|shm|tcp;ofi_rxm|..., timeout_ms=MS";
 
 Result<IoEngineConfig> config_from(const TransportOptions& options) {
   static std::atomic<uint64_t> engines{0};
@@ -24,7 +24,9 @@ Result<IoEngineConfig> config_from(const TransportOptions& options) {
   gethostname(host, sizeof host - 1);
   c.key = fmt::format("mori-{}-{}-{}", host, getpid(), engines++);
   for (const auto& [key, value] : options) {
-    if (key == "provider" && !value.empty()) {
+    if (key == "host") {
+      c.host = value;
+    } else if (key == "provider" && !value.empty()) {
       c.provider = value;
     } else if (key == "timeout_ms") {
       PDKV_ASSIGN_OR_RETURN(uint64_t ms, parse_option_number("mori", key, value, 10, 3'600'000));

@@ -24,6 +24,11 @@
 // use UCP_FEATURE_WAKEUP: asking for it makes UCX drop its shared-memory
 // transports (posix, sysv, cma), leaving TCP at a tenth of the bandwidth.
 // UCX reads its usual UCX_* environment variables (UCX_TLS, UCX_NET_DEVICES, ...).
+// Option host=ADDR (the rank's address) restricts UCX's network devices to
+// the interface that owns ADDR, when UCX_TLS asks for TCP and
+// UCX_NET_DEVICES is not set: UCX has no bind address of its own, and
+// restricting it otherwise would also drop RDMA devices, which carry no
+// IP address UCX would know them by.
 #include <fmt/format.h>
 #include <ucp/api/ucp.h>
 
@@ -38,6 +43,8 @@
 #include <thread>
 
 #include "byte_codec.h"
+#include "log.h"
+#include "net_interface.h"
 #include "pdkv/transport.h"
 
 namespace pdkv::backends::nixl {
@@ -136,6 +143,7 @@ class NixlTransport final : public Transport {
   // set up. Dead peers are then found by the protocol layer's liveness
   // (control-connection Watch + keepalive), which calls fail_peer().
   bool peer_error_handling_ = false;
+  std::string host_;  // option host: the rank's address
 
   mutable std::mutex mu_;
   std::deque<std::function<void()>> tasks_;
@@ -160,10 +168,12 @@ Result<std::unique_ptr<Transport>> NixlTransport::create(const TransportOptions&
   for (const auto& [key, value] : options) {
     if (key == "error_handling" && (value == "peer" || value == "none")) {
       t->peer_error_handling_ = value == "peer";
+    } else if (key == "host") {
+      t->host_ = value;
     } else {
       return Status::invalid_argument(fmt::format(
-          "nixl option '{}={}' unknown (error_handling=peer|none; UCX itself is configured "
-          "through its UCX_* environment variables)",
+          "nixl option '{}={}' unknown (host=ADDR, error_handling=peer|none; UCX itself is "
+          "configured through its UCX_* environment variables)",
           key, value));
     }
   }
@@ -182,6 +192,15 @@ Status NixlTransport::init() {
   // chose otherwise through UCX_KEEPALIVE_INTERVAL.
   if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
     (void)ucp_config_modify(config, "KEEPALIVE_INTERVAL", "1s");
+  }
+  const char* tls = std::getenv("UCX_TLS");
+  if (!host_.empty() && std::getenv("UCX_NET_DEVICES") == nullptr && tls != nullptr &&
+      std::string_view(tls).find("tcp") != std::string_view::npos) {
+    if (auto device = interface_of(host_)) {
+      (void)ucp_config_modify(config, "NET_DEVICES", device->c_str());
+    } else {
+      logger("nixl")->warn("host {} is on no interface of this host; UCX picks its devices", host_);
+    }
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;

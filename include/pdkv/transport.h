@@ -81,7 +81,10 @@ struct TransportCapabilities {
   bool notifications = false;  // write_and_notify / take_notifications
 };
 
-// Settings a backend understands (e.g. {"rails", "4"}); unknown keys are an error.
+// Settings a backend understands (e.g. {"rails", "4"}); unknown keys are an
+// error. Every backend takes "host": the rank's address, on which its data
+// plane listens and from which it connects unless its own options say
+// otherwise (the engine passes EngineConfig::control_host).
 using TransportOptions = std::map<std::string, std::string>;
 
 // A whole-number option value in [min, max], or kInvalidArgument naming the

@@ -42,6 +42,10 @@ Command add_worker_command(CLI::App& app, Role role) {
   add_shape_flags(*cmd, args->shape);
   cmd->add_option("--tp-rank", args->tp_rank, "This rank's TP rank")->required();
   cmd->add_option("--bootstrap", args->bootstrap, "Bootstrap service host:port")->required();
+  cmd->add_option("--host", args->host,
+                  "This rank's address: its control service binds and advertises it, and its "
+                  "data plane uses it unless backend options say otherwise")
+      ->capture_default_str();
   return {cmd, [args] { return run(*args); }};
 }
 

@@ -147,8 +147,11 @@ Status EngineCore::check_config() {
 Status EngineCore::set_up_memory(std::optional<EnginePools> pools) {
   const PoolSizes sizes = pool_sizes(config_, shard_, local_channels_);
   if (pools) PDKV_RETURN_IF_ERROR(check_pools(config_, shard_, sizes, *pools));
-  PDKV_ASSIGN_OR_RETURN(auto transport,
-                        create_transport(config_.backend, config_.transport_options));
+  // The data plane is on the rank's address too, unless its options say
+  // otherwise (transport option `host`, which every backend takes).
+  TransportOptions options = config_.transport_options;
+  options.try_emplace("host", config_.control_host);
+  PDKV_ASSIGN_OR_RETURN(auto transport, create_transport(config_.backend, options));
   transport_ = inject_faults(std::move(transport), config_.faults);
   if (pools) {
     pools_ = std::move(*pools);
