@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <shared_mutex>
 #include <vector>
 
@@ -61,6 +62,20 @@ class Rail final : public EventLoop::Handler {
   void enqueue(SlicePtr slice);
   // Takes the rail down and hands back every slice not acknowledged.
   Slices shut(const Status& reason, bool connecting);
+  // Whether a slice of `batch` is queued or unacknowledged here.
+  bool holds(BatchId batch) const;
+  // The slices of `batch` whose frames have not begun to go: taken back.
+  // (The target acknowledges cumulatively, so a gap in sequence numbers is
+  // fine.)
+  Slices drop_unsent(BatchId batch);
+  // The peer failed: frames not yet begun are dropped (their slices handed
+  // back); what was sent is drained, its ACKs awaited until `until`, then
+  // the rail is reset. Over TCP the target applies what it reads whatever
+  // the sender does next, so the batch is reported only after this.
+  Slices stop_sending(Clock::time_point until);
+  // The slices sent and not yet acknowledged.
+  const std::deque<SlicePtr>& unacked() const { return unacked_; }
+  void fail(const Status& reason, bool connecting);  // shut + hand slices to the peer
   // Loop tick: fails the rail if it owes progress and made none. Returns
   // whether it has work with a deadline.
   bool check_progress(Clock::time_point now);
@@ -70,7 +85,6 @@ class Rail final : public EventLoop::Handler {
   void on_connected();
   void flush();
   void update_interest();
-  void fail(const Status& reason, bool connecting);  // shut + hand slices to the peer
   Status on_header(const wire::FrameHeader& h, PayloadSink& sink);
   Status on_frame(const wire::FrameHeader& h, std::string& kept);
   Status complete_writes_before(uint64_t seq);
@@ -88,6 +102,7 @@ class Rail final : public EventLoop::Handler {
   FrameWriter writer_;
   Slices done_;  // completed during one pump, reported together
   Clock::time_point last_progress_;
+  std::optional<Clock::time_point> draining_until_;  // stop_sending()
   Status last_failure_;
   bool failed_connecting_ = false;
 };
@@ -109,6 +124,11 @@ class Peer {
   // dispatch() on this peer's loop; any thread.
   void post_dispatch(Slices slices);
   void post_dispatch(SlicePtr slice);
+  // Batch `batch` failed: none of its slices goes any more. What has not
+  // begun to go is dropped; what has is left to be acknowledged, so that it
+  // lands before the batch is reported, never after; a rail still owing
+  // one after kDrainLimit is reset (a target that reads nothing).
+  void cancel(BatchId batch);
   void rail_failed(Rail& rail, Slices slices);
   // The peer is gone: everything fails, once. `noticed_here` as for
   // Impl::segment_failed.
@@ -134,8 +154,10 @@ class Peer {
   bool same_host_ = false;
   std::deque<SlicePtr> same_host_queue_;
   bool draining_ = false;
+  size_t one_at_a_time_ = 0;  // same-host slices to copy singly, after a bad address
   int pidfd_ = -1;
   std::unique_ptr<ExitWatch> exit_watch_;
+  std::map<BatchId, Clock::time_point> cancelled_;  // batch -> end of its drain
   Status failure_;
 };
 
@@ -211,6 +233,11 @@ struct TransferEngine::Impl {
     // The notification, held until every other request has completed.
     SlicePtr notification;
     Peer* notify_peer = nullptr;
+    // Slices handed to peers and not yet completed or failed: a failed
+    // batch is reported once none is left (kFailed means over).
+    uint64_t slices_out = 0;
+    std::set<Peer*> peers;   // that got its slices
+    bool cancelled = false;  // its peers were told to drop its slices
   };
 
   EngineConfig config;
@@ -253,6 +280,11 @@ struct TransferEngine::Impl {
   // (mu held); the caller dispatches what it returns.
   void release_notification(Batch& batch, std::vector<std::pair<Peer*, SlicePtr>>& out);
   void fail(const Slice& slice, TransferState state, const Status& reason);
+  // Fails the slice's request, the slice still out (a drain awaits it).
+  void fail_request(const Slice& slice, const Status& reason);
+  // Whether a slice is still wanted: its batch is live and has not failed
+  // (a slice of a failed batch is dropped, never retried).
+  bool wanted(const Slice& slice);
   void segment_failed(SegmentHandle segment, const Status& reason);
   void deliver_notification(std::string message) {
     std::lock_guard lock(mu);

@@ -115,6 +115,25 @@ void FrameWriter::push_owned(const wire::FrameHeader& header, std::string owned)
   f.payload = f.owned.data();  // deque elements do not move
 }
 
+size_t FrameWriter::drop_unstarted() {
+  size_t dropped = 0;
+  while (!frames_.empty() && frames_.back().sent == 0 && frames_.back().owned.empty()) {
+    frames_.pop_back();
+    ++dropped;
+  }
+  return dropped;
+}
+
+std::set<uint64_t> FrameWriter::drop_unstarted(const std::set<uint64_t>& seqs) {
+  std::set<uint64_t> dropped;
+  std::erase_if(frames_, [&](const Frame& f) {
+    if (f.sent != 0 || !f.owned.empty() || seqs.count(f.header.seq) == 0) return false;
+    dropped.insert(f.header.seq);
+    return true;
+  });
+  return dropped;
+}
+
 IoOutcome FrameWriter::flush(int fd, uint64_t& bytes, int& error_number) {
   constexpr size_t kMaxIov = 64;
   bytes = 0;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,12 @@ class FrameWriter {
   IoOutcome flush(int fd, uint64_t& bytes, int& error_number);
   bool empty() const { return frames_.empty(); }
   void clear() { frames_.clear(); }
+  // Drops the frames at the back not yet begun (and not owned: a HELLO
+  // stays); returns how many.
+  size_t drop_unstarted();
+  // Drops the frames not yet begun whose sequence number is in `seqs`;
+  // returns the numbers dropped.
+  std::set<uint64_t> drop_unstarted(const std::set<uint64_t>& seqs);
 
  private:
   struct Frame {

@@ -19,6 +19,8 @@ namespace {
 
 // A rail that went down is tried again at most this often.
 constexpr auto kReconnectInterval = std::chrono::seconds(1);
+// A failed segment's rails wait this long for the ACKs of what they sent.
+constexpr auto kDrainLimit = std::chrono::milliseconds(500);
 // One same-host copy call moves at most this much before the loop serves
 // its sockets again.
 constexpr uint64_t kSameHostBudget = 16 << 20;
@@ -167,14 +169,19 @@ void Peer::rail_failed(Rail& rail, Slices slices) {
       ->log(slices.empty() ? spdlog::level::debug : spdlog::level::warn, "segment {}: {}{}",
             desc_.name, rail.last_failure().message(),
             slices.empty() ? "" : fmt::format("; {} slices move", slices.size()));
-  if (!failure_.is_ok()) return;
+  if (!failure_.is_ok()) {  // a rail that was draining: what it still owed is lost
+    for (auto& s : slices) core_.fail(*s, TransferState::kFailed, failure_);
+    return;
+  }
   if (fail_if_unreachable()) {
     for (auto& s : slices) core_.fail(*s, TransferState::kFailed, failure_);
     return;
   }
   Slices retry;
   for (auto& s : slices) {
-    if (++s->attempts > core_.config.retries) {
+    if (!core_.wanted(*s)) {  // its batch failed: dropped, never sent again
+      core_.fail(*s, TransferState::kFailed, Status::aborted("its batch failed"));
+    } else if (++s->attempts > core_.config.retries) {
       core_.fail(*s, TransferState::kFailed,
                  Status::unavailable(fmt::format(
                      "segment {}: a slice of {} bytes failed on {} rails; last: {}", desc_.name,
@@ -186,12 +193,33 @@ void Peer::rail_failed(Rail& rail, Slices slices) {
   dispatch(std::move(retry));
 }
 
+void Peer::cancel(BatchId batch) {
+  const Status dropped = Status::aborted(fmt::format("batch {} failed", batch));
+  for (auto it = same_host_queue_.begin(); it != same_host_queue_.end();) {
+    if ((*it)->batch != batch) {
+      ++it;
+      continue;
+    }
+    core_.fail(**it, TransferState::kFailed, dropped);
+    it = same_host_queue_.erase(it);
+  }
+  for (auto& rail : rails_) {
+    for (auto& s : rail->drop_unsent(batch)) core_.fail(*s, TransferState::kFailed, dropped);
+  }
+  cancelled_[batch] = Clock::now() + kDrainLimit;
+}
+
 void Peer::fail(const Status& reason, bool noticed_here) {
   if (!failure_.is_ok()) return;
   failure_ = reason;
   Slices lost;
+  // Unsent slices are dropped; what the target may already be applying is
+  // drained (Rail::stop_sending): its requests fail now, its batches are
+  // reported once the drain is over.
+  const auto until = Clock::now() + kDrainLimit;
   for (auto& r : rails_) {
-    for (auto& s : r->shut(reason, false)) lost.push_back(std::move(s));
+    for (auto& s : r->stop_sending(until)) lost.push_back(std::move(s));
+    for (const auto& s : r->unacked()) core_.fail_request(*s, reason);
   }
   for (auto& s : same_host_queue_) lost.push_back(std::move(s));
   same_host_queue_.clear();
@@ -213,6 +241,24 @@ void Peer::fail(const Status& reason, bool noticed_here) {
 bool Peer::tick(Clock::time_point now) {
   bool pending = false;
   for (auto& r : rails_) pending |= r->check_progress(now);
+  for (auto it = cancelled_.begin(); it != cancelled_.end();) {
+    const BatchId batch = it->first;
+    const bool owed = std::any_of(rails_.begin(), rails_.end(),
+                                  [batch](const auto& r) { return r->holds(batch); });
+    if (owed && now < it->second) {
+      pending = true;
+      ++it;
+      continue;
+    }
+    it = cancelled_.erase(it);
+    for (auto& r : rails_) {
+      if (!r->holds(batch)) continue;
+      r->fail(Status::aborted(fmt::format(
+                  "{}: reset: the target did not acknowledge failed batch {} within {} ms",
+                  r->label(), batch, kDrainLimit.count())),
+              false);
+    }
+  }
   return pending;
 }
 
@@ -235,7 +281,11 @@ void Peer::drain_same_host() {
   const Opcode opcode = same_host_queue_.front()->opcode;
   uint64_t bytes = 0;
   size_t n = 0;
-  for (; n < same_host_queue_.size() && n < IOV_MAX && bytes < kSameHostBudget; ++n) {
+  // After a bad address, slices go one per call until past it: only the
+  // slice at fault fails, not the others (other batches') copied with it.
+  const size_t most = one_at_a_time_ > 0 ? 1 : IOV_MAX;
+  if (one_at_a_time_ > 0) --one_at_a_time_;
+  for (; n < same_host_queue_.size() && n < most && bytes < kSameHostBudget; ++n) {
     const Slice& s = *same_host_queue_[n];
     if (s.opcode != opcode) break;
     local.push_back({s.local, s.length});
@@ -257,10 +307,12 @@ void Peer::drain_same_host() {
     if ((err == EPERM || err == EACCES) && core_.config.same_host != SameHost::kRequire) {
       return fall_back_to_tcp(what);
     }
-    // The addresses were checked against the descriptor: the peer broke its word.
-    const Status reason = Status::internal(fmt::format("segment {}: {}", desc_.name, what));
-    for (size_t i = 0; i < n; ++i) {
-      core_.fail(*same_host_queue_.front(), TransferState::kFailed, reason);
+    if (n > 1) {
+      one_at_a_time_ = n;  // find the slice at fault; the others go through
+    } else {
+      // The addresses were checked against the descriptor: the peer broke its word.
+      core_.fail(*same_host_queue_.front(), TransferState::kFailed,
+                 Status::internal(fmt::format("segment {}: {}", desc_.name, what)));
       same_host_queue_.pop_front();
     }
   } else {

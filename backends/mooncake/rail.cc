@@ -10,8 +10,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include "engine_impl.h"
 #include "log.h"
@@ -118,6 +120,7 @@ Slices Rail::shut(const Status& reason, bool connecting) {
     fd_ = -1;
   }
   state_ = State::kDown;
+  draining_until_.reset();
   last_failure_ = reason;
   failed_connecting_ = connecting;
   writer_.clear();
@@ -128,12 +131,59 @@ Slices Rail::shut(const Status& reason, bool connecting) {
   return back;
 }
 
+Slices Rail::stop_sending(Clock::time_point until) {
+  Slices unsent;
+  if (state_ != State::kOpen) return shut(last_failure_, false);  // nothing reached the target
+  for (size_t n = writer_.drop_unstarted(); n > 0; --n) {
+    queued_bytes_ -= unacked_.back()->length;
+    unsent.push_back(std::move(unacked_.back()));
+    unacked_.pop_back();
+  }
+  std::reverse(unsent.begin(), unsent.end());
+  draining_until_ = until;
+  return unsent;
+}
+
+bool Rail::holds(BatchId batch) const {
+  return std::any_of(unacked_.begin(), unacked_.end(),
+                     [batch](const SlicePtr& s) { return s->batch == batch; });
+}
+
+Slices Rail::drop_unsent(BatchId batch) {
+  std::set<uint64_t> seqs;
+  for (const auto& s : unacked_) {
+    if (s->batch == batch) seqs.insert(s->seq);
+  }
+  if (seqs.empty()) return {};
+  const std::set<uint64_t> dropped = writer_.drop_unstarted(seqs);
+  Slices out;
+  for (auto it = unacked_.begin(); it != unacked_.end();) {
+    if (dropped.count((*it)->seq) == 0) {
+      ++it;
+      continue;
+    }
+    queued_bytes_ -= (*it)->length;
+    out.push_back(std::move(*it));
+    it = unacked_.erase(it);
+  }
+  update_interest();
+  return out;
+}
+
 void Rail::fail(const Status& reason, bool connecting) {
   if (!done_.empty()) peer_.core().complete(done_);
   peer_.rail_failed(*this, shut(reason, connecting));
 }
 
 bool Rail::check_progress(Clock::time_point now) {
+  if (draining_until_ && state_ == State::kOpen && (unacked_.empty() || now >= *draining_until_)) {
+    const Status reason = Status::unavailable(
+        fmt::format("{}: drained after its segment failed ({} slices unacknowledged)", label_,
+                    unacked_.size()));
+    draining_until_.reset();
+    for (auto& s : shut(reason, false)) peer_.core().fail(*s, TransferState::kFailed, reason);
+    return false;
+  }
   const bool owes = state_ == State::kConnecting || (state_ == State::kOpen && !unacked_.empty());
   if (!owes) return false;
   const auto timeout = peer_.core().config.slice_timeout;

@@ -135,6 +135,7 @@ void TransferEngine::Impl::complete(Slices& slices) {
     for (const auto& s : slices) {
       auto b = batches.find(s->batch);
       if (b == batches.end()) continue;  // freed after it failed
+      --b->second.slices_out;
       Request& r = b->second.requests[s->request];
       if (r.state != TransferState::kWaiting && r.state != TransferState::kPending) continue;
       r.transferred += s->length;
@@ -152,6 +153,8 @@ void TransferEngine::Impl::release_notification(Batch& batch,
                                                 std::vector<std::pair<Peer*, SlicePtr>>& out) {
   // The held notification is the one request not completed.
   if (!batch.notification || batch.completed + 1 != batch.requests.size()) return;
+  ++batch.slices_out;
+  batch.peers.insert(batch.notify_peer);
   out.emplace_back(batch.notify_peer, std::move(batch.notification));
 }
 
@@ -159,7 +162,20 @@ void TransferEngine::Impl::fail(const Slice& slice, TransferState state, const S
   std::lock_guard lock(mu);
   auto b = batches.find(slice.batch);
   if (b == batches.end()) return;
+  --b->second.slices_out;
   b->second.advance(slice.request, state, reason);
+}
+
+void TransferEngine::Impl::fail_request(const Slice& slice, const Status& reason) {
+  std::lock_guard lock(mu);
+  auto b = batches.find(slice.batch);
+  if (b != batches.end()) b->second.advance(slice.request, TransferState::kFailed, reason);
+}
+
+bool TransferEngine::Impl::wanted(const Slice& slice) {
+  std::lock_guard lock(mu);
+  auto b = batches.find(slice.batch);
+  return b != batches.end() && !b->second.first_failure;
 }
 
 void TransferEngine::Impl::segment_failed(SegmentHandle segment, const Status& reason) {
@@ -365,7 +381,10 @@ Status TransferEngine::submit_transfer(BatchId batch_id,
       Impl::Request& rec = batch.requests.emplace_back();
       rec.slices_left = (r.length + slice_bytes - 1) / slice_bytes;
       if (rec.slices_left == 0) batch.advance(index, TransferState::kCompleted);
-      Slices& slices = by_peer[impl_->peers.at(r.target).get()];
+      Peer* target = impl_->peers.at(r.target).get();
+      Slices& slices = by_peer[target];
+      batch.peers.insert(target);
+      batch.slices_out += rec.slices_left;
       for (uint64_t off = 0; off < r.length; off += slice_bytes) {
         auto& s = slices.emplace_back(std::make_unique<Slice>());
         s->batch = batch_id;
@@ -435,6 +454,25 @@ void apply_deadline(TransferEngine::Impl::Batch& batch, std::chrono::millisecond
   batch.deadline = Clock::time_point::max();  // once
 }
 
+// A batch's state as get_batch_status reports it (mu held): failed once a
+// request failed and no slice of it is out any more.
+TransferStatus summarize(const TransferEngine::Impl::Batch& batch) {
+  TransferStatus total;
+  total.transferred_bytes = batch.transferred;
+  if (batch.first_failure && batch.slices_out > 0) {
+    total.state = TransferState::kPending;  // failed, not yet over
+  } else if (batch.first_failure) {
+    const TransferEngine::Impl::Request& failed = batch.requests[*batch.first_failure];
+    total.state = failed.state;
+    total.error = failed.error;
+  } else if (batch.completed == batch.requests.size()) {
+    total.state = TransferState::kCompleted;
+  } else {
+    total.state = batch.started == 0 ? TransferState::kWaiting : TransferState::kPending;
+  }
+  return total;
+}
+
 }  // namespace
 
 Result<TransferStatus> TransferEngine::get_transfer_status(BatchId batch_id, size_t task_id) {
@@ -451,21 +489,22 @@ Result<TransferStatus> TransferEngine::get_transfer_status(BatchId batch_id, siz
 }
 
 Result<TransferStatus> TransferEngine::get_batch_status(BatchId batch_id) {
-  std::lock_guard lock(impl_->mu);
-  auto b = impl_->batches.find(batch_id);
-  if (b == impl_->batches.end()) return Status::not_found(fmt::format("no batch {}", batch_id));
-  Impl::Batch& batch = b->second;
-  apply_deadline(batch, impl_->config.request_timeout);
+  std::set<Peer*> to_cancel;
   TransferStatus total;
-  total.transferred_bytes = batch.transferred;
-  if (batch.first_failure) {
-    const Impl::Request& failed = batch.requests[*batch.first_failure];
-    total.state = failed.state;
-    total.error = failed.error;
-  } else if (batch.completed == batch.requests.size()) {
-    total.state = TransferState::kCompleted;
-  } else {
-    total.state = batch.started == 0 ? TransferState::kWaiting : TransferState::kPending;
+  {
+    std::lock_guard lock(impl_->mu);
+    auto b = impl_->batches.find(batch_id);
+    if (b == impl_->batches.end()) return Status::not_found(fmt::format("no batch {}", batch_id));
+    Impl::Batch& batch = b->second;
+    apply_deadline(batch, impl_->config.request_timeout);
+    if (batch.first_failure && batch.slices_out > 0 && !batch.cancelled) {
+      batch.cancelled = true;
+      to_cancel = batch.peers;
+    }
+    total = summarize(batch);
+  }
+  for (Peer* peer : to_cancel) {
+    peer->loop().loop.post([peer, batch_id] { peer->cancel(batch_id); });
   }
   return total;
 }

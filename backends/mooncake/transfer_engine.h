@@ -96,7 +96,9 @@ class TransferEngine {
   Status submit_notification(BatchId batch, SegmentHandle target, std::string message);
   std::vector<std::string> take_notifications();
   Result<TransferStatus> get_transfer_status(BatchId batch, size_t task_id);
-  // kFailed or kTimeout if any request did, kCompleted when all did.
+  // kFailed or kTimeout if any request did, once no slice of the batch is
+  // still out (its other slices are dropped, never retried; until then
+  // kPending); kCompleted when all did.
   Result<TransferStatus> get_batch_status(BatchId batch);
   Status free_batch_id(BatchId batch);
 

@@ -24,6 +24,7 @@
 #include "fabric_endpoint.h"
 #include "host_identity.h"
 #include "log.h"
+#include "progress_thread.h"
 
 namespace pdkv::backends::mori {
 namespace {
@@ -36,6 +37,9 @@ constexpr auto kIdleTick = std::chrono::milliseconds(1);
 // After peers' traffic was last seen, the thread keeps polling without
 // sleeping this long: on shm every small write waits for the target's poll.
 constexpr auto kHotWindow = std::chrono::milliseconds(5);
+// A failed transfer's operations still with the provider are cancelled; it
+// is over when the provider has returned them all, or after this long.
+constexpr auto kDrainLimit = std::chrono::milliseconds(1000);
 
 // Errors that mean the peer is gone (or cannot be reached), not a bad request.
 bool peer_is_gone(int err) {
@@ -59,6 +63,9 @@ bool peer_is_gone(int err) {
 struct Op {
   fi_context2 provider_context;
   TransferId transfer = 0;
+  size_t endpoint = 0;  // once posted: where, and to whom
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  bool cancelled = false;
   bool read = false;
   bool signal = false;  // the write that carries the transfer id as remote CQ data
   char* local = nullptr;
@@ -79,16 +86,30 @@ struct IoEngine::Impl {
     EngineDesc desc;
     size_t endpoint = 0;
     fi_addr_t addr = FI_ADDR_UNSPEC;
-    Status failure;
+    std::deque<std::unique_ptr<Op>> queue;  // to post, in order: its own, so that a
+                                            // peer the provider stalls stalls no other
+  };
+  // A failed peer's address, removed from its AV once no operation of its
+  // transfers is with the provider.
+  struct Retired {
+    size_t endpoint = 0;
+    fi_addr_t addr = FI_ADDR_UNSPEC;
   };
   struct Transfer {
     std::string peer;
     size_t endpoint = 0;
     fi_addr_t addr = FI_ADDR_UNSPEC;
     uint64_t outstanding = 0;         // posted or queued, not completed
+    uint64_t with_provider = 0;       // posted, not yet returned by the provider
     std::unique_ptr<Op> held_signal;  // posted once the others completed
     TransferStatus status;
     Clock::time_point deadline;
+    Clock::time_point drain_until;  // failed: over by then at the latest
+    bool cancel_due = false;        // failed with operations posted: cancel them
+    // Failed and nothing of it left with the provider (or out of time).
+    bool over(Clock::time_point now) const {
+      return status.state != TransferState::kFailed || with_provider == 0 || now >= drain_until;
+    }
   };
 
   IoEngineConfig config;
@@ -96,28 +117,24 @@ struct IoEngine::Impl {
   std::vector<std::unique_ptr<Endpoint>> endpoints;
   std::string host_identity;
   uint32_t next_transfer = 1;
+  int wake_fd = -1;  // eventfd: tasks and submissions wake the idle thread
+
+  // Stopped first thing in ~Impl, before anything its tasks touch goes.
+  ProgressThread thread{"mori progress thread"};
+  PeerFailures<std::string> failures{thread};
 
   std::mutex mu;
-  int wake_fd = -1;  // eventfd: tasks and submissions wake the idle thread
-  bool stopping = false;
-  std::deque<std::function<void()>> tasks;
   std::vector<Registered> registered;
   std::map<std::string, Peer> peers;
   std::map<TransferId, Transfer> transfers;
-  std::deque<std::unique_ptr<Op>> to_post;    // queued, in order
   std::map<Op*, std::unique_ptr<Op>> posted;  // handed to the provider
   std::map<uint32_t, std::string> nonces;     // peer nonce -> engine key
   std::set<TransferId> inbound;               // landed, not yet popped
-  PeerFailureCallback on_failure;
-  std::thread progress;
+  std::vector<Retired> retired;
+  Clock::time_point next_deadline_check = Clock::now();
 
   ~Impl() {
-    {
-      std::lock_guard lock(mu);
-      stopping = true;
-    }
-    notify();
-    if (progress.joinable()) progress.join();
+    thread.stop();
     if (wake_fd >= 0) ::close(wake_fd);
     // Memory regions before their domains (the endpoints close the rest).
     for (auto& r : registered) {
@@ -128,140 +145,148 @@ struct IoEngine::Impl {
     endpoints.clear();  // closing the endpoints drops what was still posted
   }
 
-  template <typename F>
-  auto run(F&& task) -> decltype(task()) {
-    std::packaged_task<decltype(task())()> job(std::forward<F>(task));
-    auto result = job.get_future();
-    {
-      std::lock_guard lock(mu);
-      tasks.push_back([&job] { job(); });
-    }
-    notify();
-    return result.get();
-  }
-
-  void progress_loop();
-  void idle_wait(std::unique_lock<std::mutex>& lock);
+  void start_thread();
+  bool progress();  // one pass, on the progress thread
+  bool busy();
+  void idle_wait(std::chrono::microseconds limit);
   void notify() {
     const uint64_t one = 1;
     if (wake_fd >= 0) (void)!::write(wake_fd, &one, sizeof one);
   }
-  void post_queued();                                                    // mu held
-  void read_completions(Endpoint& e);                                    // mu held
-  void finish_op(std::unique_ptr<Op> op, const Status& error, int err);  // mu held
-  void fail_transfer(Transfer& t, const Status& reason);                 // mu held
-  void fail_peer_locked(const std::string& key, const Status& reason,
-                        std::vector<std::pair<std::string, Status>>& report);  // mu held
+  // mu held, progress thread:
+  void post_queued();
+  bool post_one(Peer& peer, std::unique_ptr<Op>& op);  // false: the provider said EAGAIN
+  void read_completions(Endpoint& e);
+  void finish_op(std::unique_ptr<Op> op, const Status& error, int err);
+  void cancel_failed();
+  void check_deadlines(Clock::time_point now);
+  void remove_retired();
+  // mu held, any thread:
+  void fail_transfer(Transfer& t, const Status& reason);
+  void fail_peer_locked(const std::string& key, const Status& reason);
   Status submit(bool read, std::span<const uint64_t> local_offsets,
                 std::span<const uint64_t> remote_offsets, std::span<const uint64_t> sizes,
                 TransferId id, const MemoryDesc& local, const MemoryDesc& remote);
 };
 
-void IoEngine::Impl::progress_loop() {
-  std::unique_lock lock(mu);
-  auto next_deadline_check = Clock::now();
-  auto hot_until = Clock::now();
-  while (!stopping) {
-    while (!tasks.empty()) {
-      auto task = std::move(tasks.front());
-      tasks.pop_front();
-      lock.unlock();
-      task();
-      lock.lock();
-    }
-    post_queued();
-    for (auto& e : endpoints) read_completions(*e);
-    const auto now = Clock::now();
-    for (auto& e : endpoints) {
-      if (e->inbound == nullptr) continue;
-      const uint64_t seen = fi_cntr_read(e->inbound);
-      if (seen != e->inbound_seen) {
-        e->inbound_seen = seen;
-        hot_until = now + kHotWindow;
-      }
-    }
-    if (now >= next_deadline_check) {
-      next_deadline_check = now + std::chrono::milliseconds(10);
-      for (auto& [id, t] : transfers) {
-        if (t.status.state == TransferState::kInProgress && now >= t.deadline) {
-          fail_transfer(t, Status::deadline_exceeded(
-                               fmt::format("transfer {:#x} to {} not done within {} ms", id, t.peer,
-                                           config.transfer_timeout.count())));
-        }
-      }
-    }
-    if (to_post.empty() && posted.empty() && tasks.empty() && now >= hot_until) {
-      idle_wait(lock);
-    } else if (tasks.empty()) {
-      lock.unlock();
-      std::this_thread::yield();
-      lock.lock();
+void IoEngine::Impl::start_thread() {
+  ProgressThread::Driver driver;
+  driver.progress = [this] { return progress(); };
+  driver.busy = [this] { return busy(); };
+  driver.sleep = [this](std::chrono::microseconds limit) { idle_wait(limit); };
+  driver.wake = [this] { notify(); };
+  driver.idle_tick = kIdleTick;
+  driver.hot_tick = std::chrono::microseconds(0);  // no sleep at all while traffic is hot
+  driver.hot_window = kHotWindow;
+  thread.start(std::move(driver));
+}
+
+bool IoEngine::Impl::progress() {
+  std::lock_guard lock(mu);
+  const size_t before = posted.size();
+  cancel_failed();
+  post_queued();
+  for (auto& e : endpoints) read_completions(*e);
+  bool active = posted.size() != before;
+  for (auto& e : endpoints) {
+    if (e->inbound == nullptr) continue;
+    const uint64_t seen = fi_cntr_read(e->inbound);
+    if (seen != e->inbound_seen) {
+      e->inbound_seen = seen;
+      active = true;  // peers' traffic: keep polling for a while (kHotWindow)
     }
   }
+  const auto now = Clock::now();
+  if (now >= next_deadline_check) {
+    next_deadline_check = now + std::chrono::milliseconds(10);
+    check_deadlines(now);
+  }
+  if (!retired.empty()) remove_retired();
+  return active;
+}
+
+bool IoEngine::Impl::busy() {
+  std::lock_guard lock(mu);
+  if (!posted.empty()) return true;
+  for (const auto& [key, peer] : peers) {
+    if (!peer.queue.empty()) return true;
+  }
+  return false;
 }
 
 // Sleeps until a CQ's file descriptor or wake_fd says there is work, or
-// kIdleTick passes when a provider has no descriptor (mu held on entry/exit).
-void IoEngine::Impl::idle_wait(std::unique_lock<std::mutex>& lock) {
+// `limit` passes (kIdleTick when a provider has no descriptor).
+void IoEngine::Impl::idle_wait(std::chrono::microseconds limit) {
+  if (limit <= std::chrono::microseconds::zero()) {
+    std::this_thread::yield();  // hot: poll again at once
+    return;
+  }
   std::vector<pollfd> fds = {{wake_fd, POLLIN, 0}};
   bool all_waitable = wake_fd >= 0;
-  for (auto& e : endpoints) {
-    if (e->wait_fd < 0) {
-      all_waitable = false;
-      continue;
+  {
+    std::lock_guard lock(mu);
+    for (auto& e : endpoints) {
+      if (e->wait_fd < 0) {
+        all_waitable = false;
+        continue;
+      }
+      fid* cq = &e->cq->fid;
+      // Only when nothing is pending in the provider may we block on its fd.
+      if (fi_trywait(e->fabric, &cq, 1) != FI_SUCCESS) return;
+      fds.push_back({e->wait_fd, POLLIN, 0});
     }
-    fid* cq = &e->cq->fid;
-    // Only when nothing is pending in the provider may we block on its fd.
-    if (fi_trywait(e->fabric, &cq, 1) != FI_SUCCESS) return;
-    fds.push_back({e->wait_fd, POLLIN, 0});
   }
-  const int timeout_ms = all_waitable ? 100 : static_cast<int>(kIdleTick.count());
-  lock.unlock();
-  ::poll(fds.data(), fds.size(), std::max(timeout_ms, 1));
+  const auto wait = all_waitable ? std::chrono::milliseconds(100)
+                                 : std::chrono::duration_cast<std::chrono::milliseconds>(limit);
+  ::poll(fds.data(), fds.size(), std::max<int>(static_cast<int>(wait.count()), 1));
   uint64_t count;
   if (fds[0].revents & POLLIN) (void)!::read(wake_fd, &count, sizeof count);
-  lock.lock();
 }
 
 void IoEngine::Impl::post_queued() {
-  while (!to_post.empty()) {
-    Op* op = to_post.front().get();
-    auto t = transfers.find(op->transfer);
-    if (t == transfers.end() || t->second.status.state != TransferState::kInProgress) {
-      to_post.pop_front();  // its transfer ended (failed) meanwhile
-      continue;
-    }
-    Endpoint& e = *endpoints[t->second.endpoint];
-    iovec iov{op->local, op->length};
-    fi_rma_iov rma{op->remote_addr, op->length, op->key};
-    fi_msg_rma msg{};
-    msg.msg_iov = &iov;
-    msg.desc = &op->local_desc;
-    msg.iov_count = 1;
-    msg.addr = t->second.addr;
-    msg.rma_iov = &rma;
-    msg.rma_iov_count = 1;
-    msg.context = op;
-    ssize_t rc;
-    if (op->read) {
-      rc = fi_readmsg(e.ep, &msg, FI_COMPLETION);
-    } else {
-      uint64_t flags = FI_COMPLETION | FI_DELIVERY_COMPLETE;
-      if (op->signal) {
-        flags |= FI_REMOTE_CQ_DATA;
-        msg.data = op->transfer;
-      }
-      rc = fi_writemsg(e.ep, &msg, flags);
-    }
-    if (rc == -FI_EAGAIN) return;  // the provider needs progress first
-    auto owned = std::move(to_post.front());
-    to_post.pop_front();
-    if (rc != 0) {
-      fail_transfer(t->second, ofi_error(op->read ? "fi_readmsg" : "fi_writemsg", int(rc)));
-      continue;
-    }
-    posted.emplace(op, std::move(owned));
+  for (auto& [key, peer] : peers) {
+    while (!peer.queue.empty() && post_one(peer, peer.queue.front())) peer.queue.pop_front();
   }
+}
+
+bool IoEngine::Impl::post_one(Peer& peer, std::unique_ptr<Op>& owned) {
+  Op* op = owned.get();
+  auto t = transfers.find(op->transfer);
+  if (t == transfers.end() || t->second.status.state != TransferState::kInProgress) {
+    return true;  // its transfer ended (failed) meanwhile: dropped, never posted
+  }
+  Endpoint& e = *endpoints[peer.endpoint];
+  iovec iov{op->local, op->length};
+  fi_rma_iov rma{op->remote_addr, op->length, op->key};
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &op->local_desc;
+  msg.iov_count = 1;
+  msg.addr = peer.addr;
+  msg.rma_iov = &rma;
+  msg.rma_iov_count = 1;
+  msg.context = op;
+  ssize_t rc;
+  if (op->read) {
+    rc = fi_readmsg(e.ep, &msg, FI_COMPLETION);
+  } else {
+    uint64_t flags = FI_COMPLETION | FI_DELIVERY_COMPLETE;
+    if (op->signal) {
+      flags |= FI_REMOTE_CQ_DATA;
+      msg.data = op->transfer;
+    }
+    rc = fi_writemsg(e.ep, &msg, flags);
+  }
+  if (rc == -FI_EAGAIN) return false;  // the provider needs progress first
+  if (rc != 0) {
+    fail_transfer(t->second, ofi_error(op->read ? "fi_readmsg" : "fi_writemsg", int(rc)));
+    return true;
+  }
+  op->endpoint = peer.endpoint;
+  op->addr = peer.addr;
+  ++t->second.with_provider;
+  posted.emplace(op, std::move(owned));
+  return true;
 }
 
 void IoEngine::Impl::read_completions(Endpoint& e) {
@@ -310,26 +335,19 @@ void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int 
   auto it = transfers.find(op->transfer);
   if (it == transfers.end()) return;
   Transfer& t = it->second;
+  --t.with_provider;
   if (t.status.state != TransferState::kInProgress) return;  // failed earlier; now accounted for
   if (!error.is_ok()) {
     fail_transfer(t, error);
-    if (peer_is_gone(err)) {
-      std::vector<std::pair<std::string, Status>> report;
-      fail_peer_locked(t.peer, error, report);
-      // The callback runs without mu: it may call back into this engine.
-      for (auto& [key, reason] : report) {
-        if (on_failure) {
-          auto cb = on_failure;
-          tasks.push_back([cb, key, reason] { cb(key, reason); });
-        }
-      }
-    }
+    if (peer_is_gone(err)) fail_peer_locked(t.peer, error);
     return;
   }
   if (--t.outstanding > 0) return;
   if (t.held_signal) {  // every other write is in place: now the one that says so
     t.outstanding = 1;
-    to_post.push_back(std::move(t.held_signal));
+    auto p = peers.find(t.peer);
+    if (p == peers.end()) return fail_transfer(t, Status::aborted("its peer was forgotten"));
+    p->second.queue.push_back(std::move(t.held_signal));
     return;
   }
   t.status.state = TransferState::kSuccess;
@@ -339,17 +357,64 @@ void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
   if (t.status.state != TransferState::kInProgress) return;
   t.status = {TransferState::kFailed, reason};
   t.held_signal.reset();
+  t.drain_until = Clock::now() + kDrainLimit;
+  t.cancel_due = t.with_provider > 0;
 }
 
-void IoEngine::Impl::fail_peer_locked(const std::string& key, const Status& reason,
-                                      std::vector<std::pair<std::string, Status>>& report) {
+// The operations of failed transfers that are still with the provider:
+// asked back (fi_cancel), so that the transfer is over sooner. What the
+// provider cannot cancel it returns when done, within kDrainLimit or not.
+void IoEngine::Impl::cancel_failed() {
+  std::set<TransferId> due;
+  for (auto& [id, t] : transfers) {
+    if (t.cancel_due) due.insert(id);
+    t.cancel_due = false;
+  }
+  if (due.empty()) return;
+  for (auto& [raw, op] : posted) {
+    if (op->cancelled || due.count(op->transfer) == 0) continue;
+    op->cancelled = true;
+    (void)fi_cancel(&endpoints[op->endpoint]->ep->fid, &op->provider_context);
+  }
+}
+
+void IoEngine::Impl::check_deadlines(Clock::time_point now) {
+  for (auto& [id, t] : transfers) {
+    if (t.status.state == TransferState::kInProgress && now >= t.deadline) {
+      fail_transfer(
+          t, Status::deadline_exceeded(fmt::format("transfer {:#x} to {} not done within {} ms", id,
+                                                   t.peer, config.transfer_timeout.count())));
+    }
+  }
+}
+
+void IoEngine::Impl::fail_peer_locked(const std::string& key, const Status& reason) {
   auto p = peers.find(key);
-  if (p == peers.end() || !p->second.failure.is_ok()) return;
-  p->second.failure = reason;
+  if (p == peers.end()) return;
+  if (!failures.report(key, reason)) return;  // once; the callback runs on the thread
   for (auto& [id, t] : transfers) {
     if (t.peer == key) fail_transfer(t, reason);
   }
-  report.emplace_back(key, reason);
+  // What this peer leaves behind: its address (once the provider holds
+  // nothing of it), its nonce and what landed from it unasked for.
+  const uint32_t nonce = p->second.desc.nonce;
+  nonces.erase(nonce);
+  std::erase_if(inbound,
+                [nonce](TransferId id) { return static_cast<uint32_t>(id >> 32) == nonce; });
+  retired.push_back({p->second.endpoint, p->second.addr});
+  peers.erase(p);
+  notify();
+}
+
+void IoEngine::Impl::remove_retired() {
+  std::erase_if(retired, [this](const Retired& r) {
+    for (const auto& [raw, op] : posted) {
+      if (op->endpoint == r.endpoint && op->addr == r.addr) return false;
+    }
+    fi_addr_t addr = r.addr;
+    (void)fi_av_remove(endpoints[r.endpoint]->av, &addr, 1, 0);
+    return true;
+  });
 }
 
 IoEngine::IoEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -394,8 +459,7 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
   impl->desc.nonce = nonce;
   impl->desc.host_identity = impl->host_identity;
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  Impl* raw = impl.get();
-  impl->progress = std::thread([raw] { raw->progress_loop(); });
+  impl->start_thread();
   return std::unique_ptr<IoEngine>(new IoEngine(std::move(impl)));
 }
 
@@ -409,7 +473,7 @@ std::vector<std::string> IoEngine::providers() const {
 
 Result<MemoryDesc> IoEngine::register_memory(void* base, uint64_t length) {
   if (base == nullptr || length == 0) return Status::invalid_argument("mori: empty buffer");
-  return impl_->run([&]() -> Result<MemoryDesc> {
+  return impl_->thread.run([&]() -> Result<MemoryDesc> {
     Impl::Registered reg;
     reg.desc.engine_key = impl_->desc.key;
     reg.desc.base = reinterpret_cast<uint64_t>(base);
@@ -464,7 +528,7 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote) {
         remote.key, fmt::join(ours, ", "), fmt::join(peer, ", "),
         same_host ? "" : "; shm only reaches this host"));
   }
-  return impl_->run([&]() -> Status {
+  return impl_->thread.run([&]() -> Status {
     Endpoint& e = *impl_->endpoints[*local];
     fi_addr_t addr = FI_ADDR_UNSPEC;
     const int n =
@@ -474,8 +538,16 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote) {
           fmt::format("mori engine '{}': its {} address was not accepted", remote.key, e.provider));
     }
     std::lock_guard lock(impl_->mu);
-    impl_->peers[remote.key] = Impl::Peer{remote, *local, addr, {}};
+    Impl::Peer& peer = impl_->peers[remote.key];
+    if (peer.addr != FI_ADDR_UNSPEC && peer.addr != addr) {  // registered again: one entry
+      fi_addr_t old = peer.addr;
+      (void)fi_av_remove(impl_->endpoints[peer.endpoint]->av, &old, 1, 0);
+    }
+    peer.desc = remote;
+    peer.endpoint = *local;
+    peer.addr = addr;
     impl_->nonces[remote.nonce] = remote.key;
+    impl_->failures.forget(remote.key);  // a new engine by that key from now on
     return Status::ok();
   });
 }
@@ -544,9 +616,9 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
     std::lock_guard lock(mu);
     auto p = peers.find(remote.engine_key);
     if (p == peers.end()) {
+      if (auto failure = failures.failure(remote.engine_key)) return *failure;
       return Status::not_found(fmt::format("no mori engine '{}' registered", remote.engine_key));
     }
-    if (!p->second.failure.is_ok()) return p->second.failure;
     if (transfers.count(id)) {
       return Status::already_exists(fmt::format("transfer {:#x} is already in use", id));
     }
@@ -593,7 +665,7 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
       }
     }
     t.outstanding = ops.size();
-    for (auto& op : ops) to_post.push_back(std::move(op));
+    for (auto& op : ops) p->second.queue.push_back(std::move(op));
   }
   notify();
   return Status::ok();
@@ -605,8 +677,11 @@ TransferStatus IoEngine::transfer_status(TransferId id) {
   if (t == impl_->transfers.end()) {
     return {TransferState::kFailed, Status::not_found(fmt::format("no transfer {:#x}", id))};
   }
+  // A failed transfer is reported once it is over: nothing of it is left
+  // with the provider (its Ops stay in `posted` until the provider returns
+  // them, when the drain ran out of time).
+  if (!t->second.over(Clock::now())) return {TransferState::kInProgress, {}};
   TransferStatus st = t->second.status;
-  // Ended and accounted for (no operation of it still with the provider).
   if (st.state != TransferState::kInProgress) impl_->transfers.erase(t);
   return st;
 }
@@ -618,17 +693,16 @@ bool IoEngine::pop_inbound_transfer_status(const std::string& remote_key, Transf
   return impl_->inbound.erase(id) > 0;
 }
 
+void IoEngine::cancel_transfer(TransferId id, const Status& reason) {
+  std::lock_guard lock(impl_->mu);
+  auto t = impl_->transfers.find(id);
+  if (t != impl_->transfers.end()) impl_->fail_transfer(t->second, reason);
+  impl_->notify();
+}
+
 void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
-  std::vector<std::pair<std::string, Status>> report;
-  PeerFailureCallback callback;
-  {
-    std::lock_guard lock(impl_->mu);
-    impl_->fail_peer_locked(engine_key, reason, report);
-    callback = impl_->on_failure;
-  }
-  if (callback) {
-    for (auto& [key, why] : report) callback(key, why);
-  }
+  std::lock_guard lock(impl_->mu);
+  impl_->fail_peer_locked(engine_key, reason);
 }
 
 // Providers copy peers' bytes into our memory inside the progress thread's
@@ -642,8 +716,7 @@ void IoEngine::acquire_inbound_writes() const { std::lock_guard lock(impl_->mu);
 void IoEngine::release_to_peers() { std::lock_guard lock(impl_->mu); }
 
 void IoEngine::set_peer_failure_callback(PeerFailureCallback callback) {
-  std::lock_guard lock(impl_->mu);
-  impl_->on_failure = std::move(callback);
+  impl_->failures.set_callback(std::move(callback));
 }
 
 }  // namespace pdkv::backends::mori

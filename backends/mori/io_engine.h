@@ -11,9 +11,11 @@
 // bytes are in the target's memory; the last write of a transfer carries the
 // transfer id as remote CQ data, posted once the others completed, so that
 // the target learns that the whole transfer has landed. One progress thread
-// posts operations and reads the completion queues; it serves inbound traffic
-// too (manual-progress providers move data only when polled), and sleeps in
-// short ticks when idle.
+// (progress_thread.h) posts operations and reads the completion queues; it
+// serves inbound traffic too (manual-progress providers move data only when
+// polled), and sleeps in short ticks when idle. Each peer has its own queue
+// of operations to post, so that a peer the provider answers with
+// -FI_EAGAIN holds up no other.
 #pragma once
 
 #include <chrono>
@@ -115,14 +117,23 @@ class IoEngine {
   Result<Session> create_session(const MemoryDesc& local, const MemoryDesc& remote);
 
   // The status of a transfer this engine started; a finished one is
-  // forgotten after it is reported once.
+  // forgotten after it is reported once. A failed one is reported once it is
+  // over: none of its operations is left with the provider (cancelled, or
+  // returned), or a drain of a second ran out.
   TransferStatus transfer_status(TransferId id);
+  // Fails transfer `id` (one of a batch that failed elsewhere); its
+  // operations are cancelled or drained as for any failed transfer.
+  void cancel_transfer(TransferId id, const Status& reason);
   // Target side: whether transfer `id` from engine `remote_key` has landed
   // (every byte visible here); consumes it when it has.
   bool pop_inbound_transfer_status(const std::string& remote_key, TransferId id);
 
-  // The peer is gone: its transfers fail with `reason`, later ones are refused.
+  // The peer is gone: its transfers fail with `reason`, later ones are
+  // refused, and what it held here is released (its address once nothing of
+  // it is with the provider, its nonce, its landed transfers).
   void fail_peer(const std::string& engine_key, const Status& reason);
+  // Called once per failed peer, on the progress thread, with no lock of
+  // the engine held.
   void set_peer_failure_callback(PeerFailureCallback callback);
 
   // Memory ordering against the bytes peers move (see Transport).

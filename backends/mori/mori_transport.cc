@@ -8,6 +8,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "io_engine.h"
 #include "pdkv/transport.h"
@@ -42,17 +43,24 @@ Result<IoEngineConfig> config_from(const TransportOptions& options) {
 class MoriTransport final : public Transport {
  public:
   explicit MoriTransport(std::unique_ptr<IoEngine> engine) : engine_(std::move(engine)) {
+    // The engine reports each failed engine once, on its progress thread
+    // with none of its locks held: the peers connected to it are released
+    // and reported.
     engine_->set_peer_failure_callback([this](const std::string& key, const Status& reason) {
       PeerFailureCallback callback;
-      PeerId peer = 0;
+      std::set<PeerId> ids;
       {
         std::lock_guard lock(mu_);
-        for (const auto& [id, p] : peers_) {
-          if (p.engine.key == key) peer = id;
-        }
+        auto it = by_engine_.find(key);
+        if (it == by_engine_.end()) return;
+        ids = std::move(it->second);
+        by_engine_.erase(it);
+        for (PeerId id : ids) peers_.erase(id);
         callback = on_failure_;
       }
-      if (callback && peer != 0) callback(peer, reason);
+      for (PeerId id : ids) {
+        if (callback) callback(id, reason);
+      }
     });
   }
 
@@ -87,6 +95,7 @@ class MoriTransport final : public Transport {
     PDKV_RETURN_IF_ERROR(engine_->register_remote_engine(peer.engine));
     std::lock_guard lock(mu_);
     const PeerId id = next_peer_++;
+    by_engine_[peer.engine.key].insert(id);
     peers_.emplace(id, std::move(peer));
     return id;
   }
@@ -98,6 +107,9 @@ class MoriTransport final : public Transport {
     return submit(peer, ops, true);
   }
 
+  // A batch fails once one of its transfers failed and the others have
+  // ended too (they are cancelled): kFailed means none of its bytes moves
+  // any more.
   BatchStatus poll(BatchId batch_id) override {
     std::lock_guard lock(mu_);
     auto b = batches_.find(batch_id);
@@ -111,19 +123,19 @@ class MoriTransport final : public Transport {
         ++it;
         continue;
       }
-      if (st.state == TransferState::kFailed && batch.error.is_ok()) batch.error = st.error;
+      if (st.state == TransferState::kFailed && batch.error.is_ok()) {
+        batch.error = st.error;
+        for (TransferId other : batch.open) {
+          if (other != *it) engine_->cancel_transfer(other, st.error);
+        }
+      }
       it = batch.open.erase(it);
     }
-    if (!batch.error.is_ok()) {
-      // The remaining transfers end on their own; nobody asks for them again.
-      BatchStatus failed{BatchState::kFailed, batch.error};
-      for (TransferId id : batch.open) abandoned_.push_back(id);
-      batches_.erase(b);
-      return failed;
-    }
     if (!batch.open.empty()) return {BatchState::kInProgress, {}};
+    BatchStatus end = batch.error.is_ok() ? BatchStatus{BatchState::kDone, {}}
+                                          : BatchStatus{BatchState::kFailed, batch.error};
     batches_.erase(b);
-    return {BatchState::kDone, {}};
+    return end;
   }
 
   void acquire_remote_writes() override { engine_->acquire_inbound_writes(); }
@@ -133,6 +145,8 @@ class MoriTransport final : public Transport {
     std::lock_guard lock(mu_);
     on_failure_ = std::move(callback);
   }
+  // The engine's callback then releases the peer (and every other peer of
+  // that engine) and reports it.
   void fail_peer(PeerId peer, const Status& reason) override {
     std::string key;
     {
@@ -141,7 +155,7 @@ class MoriTransport final : public Transport {
       if (p == peers_.end()) return;
       key = p->second.engine.key;
     }
-    engine_->fail_peer(key, reason);
+    engine_->fail_peer(key, reason.is_ok() ? Status::unavailable("peer failed") : reason);
   }
 
  private:
@@ -157,7 +171,10 @@ class MoriTransport final : public Transport {
   Result<BatchId> submit(PeerId peer_id, std::span<const WriteOp> ops, bool read) {
     std::lock_guard lock(mu_);
     auto p = peers_.find(peer_id);
-    if (p == peers_.end()) return Status::not_found(fmt::format("no mori peer {}", peer_id));
+    if (p == peers_.end()) {
+      return Status::not_found(
+          fmt::format("no mori peer {} (never connected, or failed)", peer_id));
+    }
     std::vector<uint64_t> local_lengths, remote_lengths;
     for (const auto& r : regions_) local_lengths.push_back(r.length);
     for (const auto& r : p->second.memory) remote_lengths.push_back(r.length);
@@ -174,7 +191,7 @@ class MoriTransport final : public Transport {
       g.remote.push_back(op.remote_offset);
       g.sizes.push_back(op.length);
     }
-    forget_abandoned();
+    forget_orphans();
     Batch batch;
     for (auto& [regions, g] : groups) {
       PDKV_ASSIGN_OR_RETURN(
@@ -184,7 +201,12 @@ class MoriTransport final : public Transport {
       const Status st = read ? session.batch_read(g.local, g.remote, g.sizes, id)
                              : session.batch_write(g.local, g.remote, g.sizes, id);
       if (!st.is_ok()) {
-        for (TransferId started : batch.open) abandoned_.push_back(started);
+        // The transfers already started are cancelled and forgotten: the
+        // caller never got a batch to poll.
+        for (TransferId started : batch.open) {
+          engine_->cancel_transfer(started, st);
+          orphans_.push_back(started);
+        }
         return st;
       }
       batch.open.push_back(id);
@@ -194,10 +216,10 @@ class MoriTransport final : public Transport {
     return id;
   }
 
-  // Transfers of failed batches: asked for once more when they have ended,
-  // so that the engine can forget them (mu_ held).
-  void forget_abandoned() {
-    std::erase_if(abandoned_, [this](TransferId id) {
+  // Transfers of a batch that was refused halfway: asked for again until
+  // over, so that the engine forgets them (mu_ held).
+  void forget_orphans() {
+    std::erase_if(orphans_, [this](TransferId id) {
       return engine_->transfer_status(id).state != TransferState::kInProgress;
     });
   }
@@ -206,8 +228,9 @@ class MoriTransport final : public Transport {
   mutable std::mutex mu_;
   std::vector<MemoryDesc> regions_;
   std::map<PeerId, Peer> peers_;
+  std::map<std::string, std::set<PeerId>> by_engine_;  // engine key -> its peers
   std::map<BatchId, Batch> batches_;
-  std::vector<TransferId> abandoned_;
+  std::vector<TransferId> orphans_;
   PeerFailureCallback on_failure_;
   PeerId next_peer_ = 1;
   BatchId next_batch_ = 1;

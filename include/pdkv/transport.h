@@ -7,9 +7,17 @@
 // never asks which backend it is talking to.
 //
 // Threading contract for implementations: every method may be called from
-// any thread; the peer-failure callback may run on a backend thread and must
-// not call back into the same transport while holding a lock the transport
-// might need.
+// any thread. The peer-failure callback runs on a backend thread with no
+// backend lock held, so it may call back into the transport.
+//
+// "kFailed means over": once poll() reports a batch kFailed, none of its
+// bytes lands in the peer's memory later. A backend cancels what it has not
+// sent, and waits until what it did send is either acknowledged or cut off
+// (drain, then close) before it reports. The one limit: a peer that stops
+// reading (a frozen process) cannot acknowledge, so after the backend's drain
+// limit (at most a second) the connection is closed and the batch reported;
+// bytes the peer's kernel had already received before the close may still be
+// written by it, into the failed batch's target range, as it thaws.
 #pragma once
 
 #include <cstdint>
@@ -128,6 +136,7 @@ class Transport {
     return Status::failed_precondition(std::string(name()) + " has no one-sided reads");
   }
   // kDone and kFailed end the batch: a later poll of the same id is not_found.
+  // kFailed only once the batch is over (see "kFailed means over" above).
   virtual BatchStatus poll(BatchId batch) = 0;
 
   // As write(), then, once the bytes are visible at the peer, delivers
@@ -156,7 +165,8 @@ class Transport {
   // protocol layer reported it through fail_peer.
   virtual void set_peer_failure_callback(PeerFailureCallback callback) = 0;
   // The protocol layer's liveness signal: the peer is gone. Its batches in
-  // flight end as failed with `reason`, and later writes to it are refused.
+  // flight end as failed with `reason` (once over, as above), later writes to
+  // it are refused, and everything the backend kept for it is released.
   virtual void fail_peer(PeerId peer, const Status& reason) = 0;
 };
 

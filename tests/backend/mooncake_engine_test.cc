@@ -86,7 +86,8 @@ TEST(MooncakeEngine, RequestsOutsideRegisteredMemoryAreRefusedWhole) {
 }
 
 // A target that accepts connections and never answers: requests stay
-// pending, then end as timeout at request_timeout.
+// pending, then end as timeout at request_timeout (reported once the rail
+// that owes the slice gave up on it, within the drain of half a second).
 TEST(MooncakeEngine, ARequestNotCompletedInTimeEndsAsTimeout) {
   const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -126,6 +127,58 @@ TEST(MooncakeEngine, ARequestNotCompletedInTimeEndsAsTimeout) {
   EXPECT_NE(st.error.message().find("request_timeout_ms=300"), std::string::npos)
       << st.error.to_string();
   ::close(silent);
+}
+
+// A request that times out while its slices stream to a live target: once
+// the batch reports the timeout, none of its bytes lands any more (its
+// queued slices are dropped, not retried), and what landed is the source's.
+TEST(MooncakeEngine, ATimedOutBatchLandsNothingAfterItsReport) {
+  constexpr size_t kBytes = 256 << 20;
+  std::vector<char> src(kBytes), dst(kBytes, 0);  // outlive the engines
+  for (size_t i = 0; i < kBytes; i += 4096) src[i] = static_cast<char>(i / 4096 + 1);
+  EngineConfig config = tcp_config();
+  config.rails = 1;
+  config.request_timeout = 10ms;
+  auto initiator = TransferEngine::create(config).value();
+  auto target = TransferEngine::create(tcp_config()).value();
+  ASSERT_TRUE(initiator->register_local_memory(src.data(), src.size()).is_ok());
+  ASSERT_TRUE(target->register_local_memory(dst.data(), dst.size()).is_ok());
+  target->release_to_peers();
+  const SegmentHandle segment = initiator->open_segment(target->segment_descriptor()).value();
+  const BatchId batch = initiator->allocate_batch_id(1).value();
+  ASSERT_TRUE(
+      initiator
+          ->submit_transfer(
+              batch, std::vector<TransferRequest>{{Opcode::kWrite, src.data(), segment,
+                                                   reinterpret_cast<uint64_t>(dst.data()), kBytes}})
+          .is_ok());
+  TransferState state = TransferState::kWaiting;
+  ASSERT_TRUE(testing::poll_until(
+      [&] {
+        state = initiator->get_batch_status(batch)->state;
+        return state == TransferState::kTimeout || state == TransferState::kCompleted;
+      },
+      10s));
+  ASSERT_EQ(state, TransferState::kTimeout) << "256 MiB in 10 ms: the case was not exercised";
+  // Slices go in order on the one rail: the tail is the last to land. It
+  // must not have landed yet (else the case was not exercised), and must
+  // never land now.
+  constexpr size_t kTail = 1 << 20;
+  const char* tail = dst.data() + kBytes - kTail;
+  target->acquire_inbound_writes();
+  const std::vector<char> tail_at_report(tail, tail + kTail);
+  ASSERT_NE(std::memcmp(tail_at_report.data(), src.data() + kBytes - kTail, kTail), 0)
+      << "the whole batch had landed by its report: nothing was left to drop";
+  for (size_t i = 0; i < kBytes; i += 4096) {
+    ASSERT_TRUE(dst[i] == 0 || dst[i] == src[i]) << "garbage at byte " << i;
+  }
+  const bool changed = testing::poll_until(
+      [&] {
+        target->acquire_inbound_writes();
+        return std::memcmp(tail, tail_at_report.data(), kTail) != 0;
+      },
+      300ms);
+  EXPECT_FALSE(changed) << "bytes of a batch reported timed out landed after the report";
 }
 
 // Every prefix of a real descriptor, and random bytes, are refused cleanly.

@@ -98,6 +98,9 @@ std::vector<Case> matrix(const std::string& backend, const std::string& backend_
 
 #ifdef PDKV_WITH_NIXL
 INSTANTIATE_TEST_SUITE_P(Nixl, RunMatrix, ::testing::ValuesIn(matrix("nixl")));
+// UCX's network path: every byte over TCP, with UCX's peer error handling.
+INSTANTIATE_TEST_SUITE_P(NixlTcp, RunMatrix,
+                         ::testing::ValuesIn(matrix("nixl", "--backend-opt tls=tcp")));
 #endif
 // Same host: process_vm_writev. TCP: three rails striped over loopback.
 INSTANTIATE_TEST_SUITE_P(Mooncake, RunMatrix, ::testing::ValuesIn(matrix("mooncake")));
@@ -157,7 +160,17 @@ std::vector<pid_t> children_of(pid_t parent, const std::string& needle) {
   return out;
 }
 
-class KilledWorker : public ::testing::TestWithParam<std::string> {};
+// A backend and its options ("--backend-opt k=v" pairs, or none).
+struct Victim {
+  std::string backend;
+  std::vector<std::string> options;
+};
+void PrintTo(const Victim& v, std::ostream* os) {
+  *os << v.backend;
+  for (const auto& o : v.options) *os << " " << o;
+}
+
+class KilledWorker : public ::testing::TestWithParam<Victim> {};
 
 TEST_P(KilledWorker, FailsTheRunNamingTheRank) {
   int err[2];
@@ -166,10 +179,15 @@ TEST_P(KilledWorker, FailsTheRunNamingTheRank) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  std::vector<std::string> args = {
-      PDKV_BIN,      "run", "--backend",  GetParam(), "--prefill-tp", "2",
-      "--decode-tp", "2",   "--requests", "100000",   "--tokens",     "64",
-      "--head-dim",  "16",  "--layers",   "2",        "--timeout",    "120"};
+  std::vector<std::string> args = {PDKV_BIN,       "run",    "--backend",   GetParam().backend,
+                                   "--prefill-tp", "2",      "--decode-tp", "2",
+                                   "--requests",   "100000", "--tokens",    "64",
+                                   "--head-dim",   "16",     "--layers",    "2",
+                                   "--timeout",    "120"};
+  for (const auto& option : GetParam().options) {
+    args.push_back("--backend-opt");
+    args.push_back(option);
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -212,11 +230,15 @@ TEST_P(KilledWorker, FailsTheRunNamingTheRank) {
 }
 
 #ifdef PDKV_WITH_NIXL
-INSTANTIATE_TEST_SUITE_P(Nixl, KilledWorker, ::testing::Values("nixl"));
+// Over UCX's TCP transport a killed rank once aborted the prefill process
+// (UCX re-entered from its own error callback): both error-handling modes.
+INSTANTIATE_TEST_SUITE_P(Nixl, KilledWorker,
+                         ::testing::Values(Victim{"nixl", {}}, Victim{"nixl", {"tls=tcp"}},
+                                           Victim{"nixl", {"tls=tcp", "error_handling=none"}}));
 #endif
-INSTANTIATE_TEST_SUITE_P(Mooncake, KilledWorker, ::testing::Values("mooncake"));
+INSTANTIATE_TEST_SUITE_P(Mooncake, KilledWorker, ::testing::Values(Victim{"mooncake", {}}));
 #ifdef PDKV_WITH_MORI
-INSTANTIATE_TEST_SUITE_P(Mori, KilledWorker, ::testing::Values("mori"));
+INSTANTIATE_TEST_SUITE_P(Mori, KilledWorker, ::testing::Values(Victim{"mori", {}}));
 #endif
 
 }  // namespace

@@ -1,0 +1,299 @@
+// The nixl backend's batches and peer failures: submit on the caller's
+// thread, everything else on the progress thread (nixl_transport.h).
+#include <fmt/format.h>
+
+#include "log.h"
+#include "nixl_transport.h"
+
+namespace pdkv::backends::nixl {
+namespace {
+
+Status ucx_error(const std::string& what, ucs_status_t status) {
+  return Status::internal(fmt::format("{}: {}", what, ucs_status_string(status)));
+}
+
+}  // namespace
+
+Result<BatchId> NixlTransport::submit(PeerId peer_id, std::span<const WriteOp> ops,
+                                      std::string_view notification, Direction direction) {
+  if (notification.size() > kMaxNotification) {
+    return Status::invalid_argument(fmt::format("nixl notification of {} bytes exceeds {}",
+                                                notification.size(), kMaxNotification));
+  }
+  BatchId id;
+  {
+    std::lock_guard lock(mu_);
+    auto peer = peers_.find(peer_id);
+    if (peer == peers_.end()) {
+      if (auto failure = failures_.failure(peer_id)) return *failure;
+      return Status::not_found(fmt::format("no nixl peer {}", peer_id));
+    }
+    std::vector<uint64_t> local_lengths;
+    for (const auto& r : regions_) local_lengths.push_back(r.region.length);
+    PDKV_RETURN_IF_ERROR(check_ops_bounds(direction == Direction::kWrite ? "write" : "read", ops,
+                                          local_lengths, peer->second.region_lengths));
+    id = next_batch_++;
+    Batch batch;  // field by field: GCC's -O3 sees `{}` as maybe uninitialised
+    batch.peer = peer_id;
+    batch.notification = std::string(notification);
+    batches_.emplace(id, std::move(batch));
+    peer->second.batches.insert(id);
+    ++in_flight_;
+  }
+  thread_.post(
+      [this, id, direction, copy = std::vector<WriteOp>(ops.begin(), ops.end())]() mutable {
+        start_batch(id, std::move(copy), direction);
+      });
+  return id;
+}
+
+bool NixlTransport::progress() {
+  unsigned events = 0;
+  while (ucp_worker_progress(worker_) != 0) ++events;
+  // What UCX's callbacks recorded, acted on now that UCX has returned.
+  // Failed peers first: their batches then end with the peer's reason.
+  auto errored = std::exchange(peers_errored_, {});
+  for (auto [peer, status] : errored) {
+    peer_failed(peer, ucx_error("UCX reported the peer failed", status));
+  }
+  auto flushes = std::exchange(flushes_done_, {});
+  for (auto [id, status] : flushes) {
+    auto pending = pending_.extract(id);
+    if (!pending.empty()) flushed(*pending.mapped(), status);
+  }
+  auto notes = std::exchange(notes_done_, {});
+  for (auto [id, status] : notes) {
+    pending_.erase(id);  // UCX is done with the payload
+    notified(id, status);
+  }
+  if (!closing_.empty()) finish_closes(/*all=*/false);
+  return events > 0 || !errored.empty() || !flushes.empty() || !notes.empty();
+}
+
+bool NixlTransport::busy() const {
+  if (!closing_.empty()) return true;  // progress-thread state, like this call
+  std::lock_guard lock(mu_);
+  return in_flight_ > 0;
+}
+
+void NixlTransport::start_batch(BatchId id, std::vector<WriteOp> ops, Direction direction) {
+  PeerId peer;
+  {
+    std::lock_guard lock(mu_);
+    auto it = batches_.find(id);
+    if (it == batches_.end() || it->second.status.state != BatchState::kInProgress) return;
+    peer = it->second.peer;
+  }
+  auto w = wires_.find(peer);
+  if (w == wires_.end()) return;  // the peer failed meanwhile; its close ends the batch
+  Wire& wire = w->second;
+  auto pending = std::make_unique<Pending>(Pending{this, id, {}, {}});
+  ucp_request_param_t none{};
+  for (const WriteOp& op : ops) {
+    // regions_ grows only on this thread: read without mu_.
+    const LocalRegion& local = regions_[op.local_region];
+    const RemoteRegion& remote = wire.regions[op.remote_region];
+    void* buffer = static_cast<char*>(local.region.base) + op.local_offset;
+    const uint64_t address = remote.base + op.remote_offset;
+    ucs_status_ptr_t req =
+        direction == Direction::kWrite
+            ? ucp_put_nbx(wire.ep, buffer, op.length, address, remote.rkey, &none)
+            : ucp_get_nbx(wire.ep, buffer, op.length, address, remote.rkey, &none);
+    if (UCS_PTR_IS_ERR(req)) {
+      // The ops already posted may still move: the flush below settles them
+      // before the batch is reported failed.
+      pending->error = ucx_error(direction == Direction::kWrite ? "ucp_put_nbx" : "ucp_get_nbx",
+                                 UCS_PTR_STATUS(req));
+      break;
+    }
+    // The flush below covers every put's (and get's) completion: no callback per op.
+    if (req != nullptr) ucp_request_free(req);
+  }
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &NixlTransport::on_flush;
+  param.user_data = pending.get();
+  ucs_status_ptr_t flush = ucp_ep_flush_nbx(wire.ep, &param);
+  if (UCS_PTR_IS_PTR(flush)) {
+    pending_[id] = std::move(pending);  // until on_flush
+    return;
+  }
+  flushed(*pending, UCS_PTR_STATUS(flush));  // done (or failed) at once: no callback comes
+}
+
+void NixlTransport::flushed(Pending& flush, ucs_status_t status) {
+  const BatchId id = flush.batch;
+  if (!flush.error.is_ok()) return end_batch(id, {BatchState::kFailed, flush.error});
+  if (status != UCS_OK) return end_batch(id, {BatchState::kFailed, ucx_error("flush", status)});
+  PeerId peer;
+  std::string note;
+  {
+    std::lock_guard lock(mu_);
+    auto it = batches_.find(id);
+    if (it == batches_.end() || it->second.status.state != BatchState::kInProgress) return;
+    peer = it->second.peer;
+    note = std::move(it->second.notification);
+  }
+  if (note.empty()) return end_batch(id, {BatchState::kDone, Status::ok()});
+  auto w = wires_.find(peer);
+  if (w == wires_.end()) return;  // the peer failed meanwhile; its close ends the batch
+  // After the flush: the peer sees the notification only once the bytes are
+  // there. The payload stays alive (pending_) until UCX says it is done.
+  auto pending = std::make_unique<Pending>(Pending{this, id, std::move(note), {}});
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.cb.send = &NixlTransport::on_notified;
+  param.user_data = pending.get();
+  param.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t req = ucp_am_send_nbx(w->second.ep, kNotifyAmId, nullptr, 0,
+                                         pending->payload.data(), pending->payload.size(), &param);
+  if (UCS_PTR_IS_PTR(req)) {
+    pending_[id] = std::move(pending);
+    return;
+  }
+  notified(id, UCS_PTR_STATUS(req));
+}
+
+void NixlTransport::notified(BatchId id, ucs_status_t status) {
+  if (status != UCS_OK)
+    return end_batch(id, {BatchState::kFailed, ucx_error("notification", status)});
+  end_batch(id, {BatchState::kDone, Status::ok()});
+}
+
+void NixlTransport::end_batch(BatchId id, BatchStatus status) {
+  std::lock_guard lock(mu_);
+  auto it = batches_.find(id);
+  if (it == batches_.end() || it->second.status.state != BatchState::kInProgress) return;
+  Batch& batch = it->second;
+  // A batch of a failed peer fails, for the peer's reason rather than UCX's
+  // echo of it, even when its flush completed while the endpoint drained:
+  // fail_peer ends the batches in flight as failed (transport.h).
+  if (auto failure = failures_.failure(batch.peer)) status = {BatchState::kFailed, *failure};
+  batch.status = std::move(status);
+  if (auto peer = peers_.find(batch.peer); peer != peers_.end()) peer->second.batches.erase(id);
+  --in_flight_;
+}
+
+void NixlTransport::peer_failed(PeerId id, const Status& reason) {
+  auto w = wires_.find(id);
+  if (w == wires_.end()) return;              // unknown, or failed already
+  if (!failures_.report(id, reason)) return;  // reported once, by the helper's thread
+  Closing closing;
+  closing.peer = id;
+  closing.wire = std::move(w->second);
+  closing.reason = reason;
+  wires_.erase(w);
+  {
+    std::lock_guard lock(mu_);
+    auto peer = peers_.find(id);
+    if (peer != peers_.end()) {
+      closing.batches = std::move(peer->second.batches);
+      peers_.erase(peer);  // later writes are refused with the reason (failures_)
+    }
+  }
+  closing_.push_back(std::move(closing));
+  start_drain(closing_.back());
+  finish_closes(/*all=*/false);  // a stage that completed at once moves on now
+}
+
+void NixlTransport::start_drain(Closing& closing) {
+  closing.stage = Closing::Stage::kDraining;
+  closing.give_up = std::chrono::steady_clock::now() + kDrainLimit;
+  ucp_request_param_t param{};
+  ucs_status_ptr_t req = ucp_ep_flush_nbx(closing.wire.ep, &param);
+  closing.request = UCS_PTR_IS_PTR(req) ? req : nullptr;
+}
+
+void NixlTransport::start_close(Closing& closing) {
+  closing.stage = Closing::Stage::kClosing;
+  closing.give_up = std::chrono::steady_clock::now() + kCloseLimit;
+  closing.request = nullptr;
+  if (closing.wire.ep == nullptr) return;
+  // UCX cancels what is outstanding only for endpoints in PEER error
+  // handling (forced close); otherwise the close flushes, and completes when
+  // every operation has landed or the endpoint failed.
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = peer_error_handling_ ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(closing.wire.ep, &param);
+  closing.wire.ep = nullptr;
+  if (UCS_PTR_IS_PTR(req)) {
+    closing.request = req;
+  } else if (UCS_PTR_IS_ERR(req)) {
+    logger("nixl")->debug("closing the endpoint of peer {}: {}", closing.peer,
+                          ucs_status_string(UCS_PTR_STATUS(req)));
+  }
+}
+
+void NixlTransport::finish_closes(bool all) {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = closing_.begin(); it != closing_.end();) {
+    Closing& c = *it;
+    const bool done = c.request == nullptr || ucp_request_check_status(c.request) != UCS_INPROGRESS;
+    if (!done && !all && now < c.give_up) {
+      ++it;
+      continue;
+    }
+    // The stage completed, or ran out of time: UCX frees its request when
+    // it is done with it.
+    if (c.request != nullptr) ucp_request_free(c.request);
+    c.request = nullptr;
+    c.late = c.late || !done;
+    if (c.stage == Closing::Stage::kDraining && !all) {
+      start_close(c);
+      continue;  // looked at again at once: the close may have completed already
+    }
+    Status reason = c.reason;
+    if (!c.late || all) {
+      destroy_wire(c.wire);
+    } else {
+      // UCX may still hold operations that name these rkeys: they live
+      // until the worker does.
+      for (auto& r : c.wire.regions) abandoned_rkeys_.push_back(std::exchange(r.rkey, nullptr));
+      abandoned_args_.push_back(std::move(c.wire.error_arg));
+      reason =
+          reason.with_context(fmt::format("UCX did not drain and close the endpoint within {} ms",
+                                          (kDrainLimit + kCloseLimit).count()));
+      logger("nixl")->warn("peer {}: {}", c.peer, reason.message());
+    }
+    for (BatchId b : c.batches) end_batch(b, {BatchState::kFailed, reason});
+    it = closing_.erase(it);
+  }
+}
+
+void NixlTransport::destroy_wire(Wire& wire) {
+  for (auto& r : wire.regions) {
+    if (r.rkey) ucp_rkey_destroy(r.rkey);
+    r.rkey = nullptr;
+  }
+  wire.regions.clear();
+}
+
+void NixlTransport::on_flush(void* request, ucs_status_t status, void* user_data) {
+  auto* pending = static_cast<Pending*>(user_data);
+  pending->self->flushes_done_.emplace_back(pending->batch, status);
+  ucp_request_free(request);
+}
+
+void NixlTransport::on_notified(void* request, ucs_status_t status, void* user_data) {
+  auto* pending = static_cast<Pending*>(user_data);
+  pending->self->notes_done_.emplace_back(pending->batch, status);
+  ucp_request_free(request);
+}
+
+void NixlTransport::on_peer_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* a = static_cast<ErrorArg*>(arg);
+  a->self->peers_errored_.emplace_back(a->peer, status);
+}
+
+ucs_status_t NixlTransport::on_notification(void* arg, const void*, size_t, void* data,
+                                            size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<NixlTransport*>(arg);
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;  // never sent: eager only
+  std::lock_guard lock(self->mu_);
+  self->notifications_.emplace_back(static_cast<const char*>(data), length);
+  return UCS_OK;
+}
+
+}  // namespace pdkv::backends::nixl
