@@ -29,7 +29,9 @@ namespace {
 
 // One child process with its stdout on a pipe, read line by line.
 struct Child {
-  std::string name;  // "prefill rank 1"
+  std::string name;  // "prefill rank 1", "decode-1 rank 0": its engine id and rank
+  bool decode = false;
+  uint32_t engine = 0;  // decode ranks: the decode engine's index
   pid_t pid = -1;
   int out = -1;
   std::string buffer;
@@ -113,6 +115,11 @@ std::string exit_text(int status) {
   return fmt::format("exited with status {}", WEXITSTATUS(status));
 }
 
+// A summary's engine id (a worker of an older build names only its role).
+std::string engine_of(const nlohmann::json& summary) {
+  return summary.value("engine", summary["role"].get<std::string>());
+}
+
 void stop_all(std::vector<Child>& children) {
   for (auto& c : children) {
     if (!c.exited && c.pid > 0) kill(c.pid, SIGKILL);
@@ -152,17 +159,21 @@ ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
     stop_all(children);
     return {{}, {}, "the bootstrap service did not start"};
   }
-  for (int side = 0; side < 2; ++side) {
-    const bool prefill = side == 0;
+  // The prefill engine, then each decode engine: every rank's command line
+  // names its role, engine id and TP rank, so that `ps` finds it.
+  for (uint32_t engine = 0; engine <= s.decode_engines; ++engine) {
+    const bool prefill = engine == 0;
+    const std::string id = prefill ? s.prefill_engine : s.decode_engine_id(engine - 1);
     for (uint32_t r = 0; r < (prefill ? s.prefill_tp : s.decode_tp); ++r) {
       Child c;
-      c.name = fmt::format("{} rank {}", prefill ? "prefill" : "decode", r);
-      std::vector<std::string> args = {exe, prefill ? "prefill" : "decode"};
+      c.name = fmt::format("{} rank {}", id, r);
+      c.decode = !prefill;
+      c.engine = prefill ? 0 : engine - 1;
+      std::vector<std::string> args = {exe,           prefill ? "prefill" : "decode",
+                                       "--engine-id", id,
+                                       "--tp-rank",   std::to_string(r),
+                                       "--bootstrap", address};
       for (auto& a : shape_arguments(s)) args.push_back(a);
-      for (auto a :
-           {std::string("--tp-rank"), std::to_string(r), std::string("--bootstrap"), address}) {
-        args.push_back(a);
-      }
       if (Status st = spawn(c, args); !st.is_ok()) {
         stop_all(children);
         return {{}, {}, st.message()};
@@ -230,11 +241,16 @@ ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
         }
       }
     }
-    uint64_t done = s.requests;
+    // Done: per decode engine, the requests every one of its ranks finished.
+    std::vector<uint64_t> engine_done(s.decode_engines, s.requests);
     for (size_t i = 1; i < children.size(); ++i) {
-      if (children[i].name.rfind("decode", 0) == 0 && !children[i].lost) {
-        done = std::min(done, children[i].progress);
-      }
+      const Child& c = children[i];
+      if (c.decode && !c.lost) engine_done[c.engine] = std::min(engine_done[c.engine], c.progress);
+    }
+    uint64_t done = 0;
+    for (uint32_t e = 0; e < s.decode_engines; ++e) {
+      const worker::RoomShare share{e + 1, s.decode_engines};
+      done += std::min(engine_done[e], share.count(s.requests));
     }
     if (done != shown) {
       shown = done;
@@ -254,8 +270,8 @@ ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
       if (c.summary) {
         outcome.summaries.push_back(*c.summary);
       } else if (c.lost) {
-        outcome.lost.push_back({fmt::format("{} (pid {})", c.name, c.pid),
-                                c.name.rfind("decode", 0) == 0, exit_text(c.status), c.ok_rooms});
+        outcome.lost.push_back({fmt::format("{} (pid {})", c.name, c.pid), c.decode, c.engine,
+                                exit_text(c.status), c.ok_rooms});
       }
     }
   }
@@ -275,7 +291,7 @@ nlohmann::ordered_json summarize(const worker::Shape& s,
       if ((j["role"] == "decode") != bool(decode_first)) continue;
       for (const auto& f : j["failed_rooms"]) {
         const std::string why =
-            fmt::format("{} rank {}: {}", j["role"].get<std::string>(), j["rank"].get<uint32_t>(),
+            fmt::format("{} rank {}: {}", engine_of(j), j["rank"].get<uint32_t>(),
                         f["reason"].get<std::string>());
         failed.emplace(f["room"].get<uint64_t>(), why);
       }
@@ -285,7 +301,7 @@ nlohmann::ordered_json summarize(const worker::Shape& s,
   for (const LostWorker& w : lost) {
     errors.push_back(fmt::format("{} {}", w.name, w.how));
     for (uint64_t room = 1; room <= s.requests; ++room) {
-      if (w.decode && !w.ok_rooms.count(room)) {
+      if (w.decode && s.decode_engine_of(room) == w.decode_engine && !w.ok_rooms.count(room)) {
         failed.emplace(room, fmt::format("{} {} before it finished", w.name, w.how));
       }
     }
@@ -293,8 +309,8 @@ nlohmann::ordered_json summarize(const worker::Shape& s,
   for (const auto& j : summaries) {
     const bool prefill = j["role"] == "prefill";
     for (const auto& e : j["errors"]) {
-      errors.push_back(fmt::format("{} rank {}: {}", j["role"].get<std::string>(),
-                                   j["rank"].get<uint32_t>(), e.get<std::string>()));
+      errors.push_back(fmt::format("{} rank {}: {}", engine_of(j), j["rank"].get<uint32_t>(),
+                                   e.get<std::string>()));
     }
     verified &= j["verified"].get<bool>();
     auto& events = prefill ? sent_us : done_us;
@@ -341,11 +357,13 @@ nlohmann::ordered_json summarize(const worker::Shape& s,
   out["backend"] = s.backend;
   out["prefill_tp"] = s.prefill_tp;
   out["decode_tp"] = s.decode_tp;
+  out["decode_engines"] = s.decode_engines;
   out["errors"] = errors;
   nlohmann::json outcomes = nlohmann::json::array();
   for (uint64_t room = 1; room <= s.requests; ++room) {
     auto f = failed.find(room);
     outcomes.push_back({{"room", room},
+                        {"decode_engine", s.decode_engine_id(s.decode_engine_of(room))},
                         {"ok", f == failed.end()},
                         {"reason", f == failed.end() ? "" : f->second}});
   }

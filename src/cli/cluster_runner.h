@@ -18,7 +18,8 @@ namespace pdkv::cli {
 struct LostWorker {
   std::string name;  // "decode rank 1 (pid 42)"
   bool decode = false;
-  std::string how;  // "killed by signal 9 (Killed)"
+  uint32_t decode_engine = 0;  // decode ranks: the index of their engine
+  std::string how;             // "killed by signal 9 (Killed)"
   std::set<uint64_t> ok_rooms;
 };
 
@@ -43,7 +44,9 @@ ClusterOutcome run_cluster(const worker::Shape& shape, double timeout_s,
 //   p50_ms, p99_ms: per request, from its last send() (latest prefill rank) to its
 //     success (latest decode rank),
 //   staged_routes, direct_routes, backend, prefill_tp, decode_tp, errors,
-//   outcomes: [{"room": R, "ok": bool, "reason": "..."}] in issue order,
+//   decode_engines,
+//   outcomes: [{"room": R, "decode_engine": "decode-1", "ok": bool, "reason": "..."}]
+//     in issue order,
 //   lost_workers: [{"name", "how"}].
 nlohmann::ordered_json summarize(const worker::Shape& shape,
                                  const std::vector<nlohmann::json>& summaries,

@@ -22,6 +22,7 @@ struct Command {
 
 Command add_plan_command(CLI::App& app);
 Command add_bootstrap_command(CLI::App& app);
+Command add_topology_command(CLI::App& app);
 Command add_prefill_command(CLI::App& app);
 Command add_decode_command(CLI::App& app);
 Command add_run_command(CLI::App& app);

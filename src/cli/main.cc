@@ -13,10 +13,10 @@ int main(int argc, char** argv) {
   CLI::App app{"pdkv: KV-cache transfer between prefill and decode ranks"};
   app.require_subcommand(1);
   const std::vector<pdkv::cli::Command> commands = {
-      pdkv::cli::add_plan_command(app),      pdkv::cli::add_bootstrap_command(app),
-      pdkv::cli::add_prefill_command(app),   pdkv::cli::add_decode_command(app),
-      pdkv::cli::add_run_command(app),       pdkv::cli::add_bench_command(app),
-      pdkv::cli::add_gpu_bench_command(app),
+      pdkv::cli::add_plan_command(app),     pdkv::cli::add_bootstrap_command(app),
+      pdkv::cli::add_topology_command(app), pdkv::cli::add_prefill_command(app),
+      pdkv::cli::add_decode_command(app),   pdkv::cli::add_run_command(app),
+      pdkv::cli::add_bench_command(app),    pdkv::cli::add_gpu_bench_command(app),
   };
 
   try {

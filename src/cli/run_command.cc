@@ -31,11 +31,14 @@ int run_router(const RunOptions& o) {
     return kExitInvalidInput;
   }
   if (!o.json) {
+    const std::string engines = s.decode_engines > 1 ? fmt::format("{} decode engines of TP {}",
+                                                                   s.decode_engines, s.decode_tp)
+                                                     : fmt::format("decode TP {}", s.decode_tp);
     std::fprintf(stderr,
-                 "pdkv run: %s, %u KV heads%s, prefill TP %u -> decode TP %u, %s, %llu requests x "
+                 "pdkv run: %s, %u KV heads%s, prefill TP %u -> %s, %s, %llu requests x "
                  "%llu tokens\n",
                  s.backend.c_str(), s.mla ? 1 : s.kv_heads, s.mla ? " (MLA)" : "", s.prefill_tp,
-                 s.decode_tp, s.layout.c_str(), static_cast<unsigned long long>(s.requests),
+                 engines.c_str(), s.layout.c_str(), static_cast<unsigned long long>(s.requests),
                  static_cast<unsigned long long>(s.tokens));
   }
   // Live progress: a rewritten line on a terminal; in a log, a line a second.

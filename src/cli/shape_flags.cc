@@ -14,6 +14,15 @@ void add_shape_flags(CLI::App& cmd, worker::Shape& s) {
   cmd.add_option("--prefill-tp", s.prefill_tp, "Prefill tensor-parallel size")
       ->capture_default_str();
   cmd.add_option("--decode-tp", s.decode_tp, "Decode tensor-parallel size")->capture_default_str();
+  cmd.add_option("--decode-engines", s.decode_engines,
+                 "Decode engines (of TP --decode-tp each) fed by the prefill engine; requests go "
+                 "round-robin over them")
+      ->capture_default_str();
+  cmd.add_option("--prefill-engine", s.prefill_engine, "The prefill engine's id")
+      ->capture_default_str();
+  cmd.add_option("--decode-engine", s.decode_engine,
+                 "The decode engine's id; with several, the stem of ID-0, ID-1, ...")
+      ->capture_default_str();
   cmd.add_option("--kv-heads", s.kv_heads, "Total KV heads (ignored with --mla)")
       ->capture_default_str();
   cmd.add_option("--head-dim", s.head_dim, "Elements per head vector")->capture_default_str();
@@ -37,6 +46,9 @@ void add_shape_flags(CLI::App& cmd, worker::Shape& s) {
   cmd.add_option("--chunks", s.chunks, "send() calls per request (chunked prefill)")
       ->capture_default_str();
   cmd.add_option("--window", s.window, "Requests in flight per rank")->capture_default_str();
+  cmd.add_option("--interval-ms", s.interval_ms,
+                 "Prefill ranks start a request at most once per this many ms (steady arrivals)")
+      ->capture_default_str();
   cmd.add_option("--aux-bytes", s.aux_bytes, "Aux data bytes per request")->capture_default_str();
   cmd.add_option("--device", s.device,
                  "Where the KV pools live: host, or GPU memory (cuda, hip) that a transport "
@@ -57,22 +69,26 @@ void add_shape_flags(CLI::App& cmd, worker::Shape& s) {
 }
 
 std::vector<std::string> shape_arguments(const worker::Shape& s) {
-  std::vector<std::string> a = {"--backend",     s.backend,
-                                "--prefill-tp",  std::to_string(s.prefill_tp),
-                                "--decode-tp",   std::to_string(s.decode_tp),
-                                "--kv-heads",    std::to_string(s.kv_heads),
-                                "--head-dim",    std::to_string(s.head_dim),
-                                "--layers",      std::to_string(s.layers),
-                                "--page-size",   std::to_string(s.page_size),
-                                "--dtype-bytes", std::to_string(s.dtype_bytes),
-                                "--layout",      s.layout,
-                                "--staging",     s.staging,
-                                "--requests",    std::to_string(s.requests),
-                                "--tokens",      std::to_string(s.tokens),
-                                "--chunks",      std::to_string(s.chunks),
-                                "--window",      std::to_string(s.window),
-                                "--aux-bytes",   std::to_string(s.aux_bytes),
-                                "--device",      s.device};
+  std::vector<std::string> a = {"--backend",        s.backend,
+                                "--prefill-tp",     std::to_string(s.prefill_tp),
+                                "--decode-tp",      std::to_string(s.decode_tp),
+                                "--decode-engines", std::to_string(s.decode_engines),
+                                "--prefill-engine", s.prefill_engine,
+                                "--decode-engine",  s.decode_engine,
+                                "--kv-heads",       std::to_string(s.kv_heads),
+                                "--head-dim",       std::to_string(s.head_dim),
+                                "--layers",         std::to_string(s.layers),
+                                "--page-size",      std::to_string(s.page_size),
+                                "--dtype-bytes",    std::to_string(s.dtype_bytes),
+                                "--layout",         s.layout,
+                                "--staging",        s.staging,
+                                "--requests",       std::to_string(s.requests),
+                                "--tokens",         std::to_string(s.tokens),
+                                "--chunks",         std::to_string(s.chunks),
+                                "--window",         std::to_string(s.window),
+                                "--interval-ms",    std::to_string(s.interval_ms),
+                                "--aux-bytes",      std::to_string(s.aux_bytes),
+                                "--device",         s.device};
   if (s.mla) a.push_back("--mla");
   if (!s.verify) a.push_back("--no-verify");
   if (s.keep_going) a.push_back("--keep-going");

@@ -23,6 +23,7 @@ void EngineCore::shutdown() {
     // 1. Every room fails; peers are told (failure reports, aborts).
     const Status reason = Status::aborted(fmt::format("engine {} shut down", describe(self_)));
     loop_.post([this, reason] {
+      registration_->stop();
       prefill_->shutdown(reason);
       decode_->shutdown(reason);
     });

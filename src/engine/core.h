@@ -37,6 +37,7 @@
 #include "engine/pool_memory.h"
 #include "engine/pool_staging.h"
 #include "engine/prefill_side.h"
+#include "engine/registration.h"
 #include "engine/room_directory.h"
 #include "engine/topology_lookups.h"
 #include "pdkv/engine.h"
@@ -115,6 +116,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore>, public Contr
   CallTracker calls_;
   BlockingPool connector_{"pdkv-connect", 2};
   std::unique_ptr<TopologyLookups> lookups_;
+  std::unique_ptr<Registration> registration_;
   std::unique_ptr<PeerRegistry> peers_;
   std::unique_ptr<EngineContext> ctx_;
   std::unique_ptr<PrefillSide> prefill_;

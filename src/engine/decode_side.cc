@@ -267,17 +267,21 @@ void DecodeSide::maybe_erase(DecodeRoom& room) {
   ctx_.counters.rooms = rooms_.size();
 }
 
-void DecodeSide::on_link_lost(RoomId id, const std::string& peer, const Status& reason) {
+bool DecodeSide::on_link_lost(RoomId id, const std::string& peer, const Status& reason) {
   DecodeRoom* room = find(id);
-  if (room == nullptr) return;
+  if (room == nullptr) return false;
   bool owed = false;
   for (auto& [key, s] : room->sources) {
     if (s.peer != peer) continue;
     s.lost = true;  // a dead peer writes nothing any more
     owed |= !s.reported;
   }
-  if (owed) return fail(*room, reason);
-  check_quiet(*room);
+  if (owed) {
+    fail(*room, reason);
+  } else {
+    check_quiet(*room);
+  }
+  return owed;
 }
 
 void DecodeSide::shutdown(const Status& reason) {

@@ -45,7 +45,8 @@ class DecodeSide {
   void on_room_status(const proto::RoomStatus& status, AnswerPtr answer);
 
   // PeerRegistry's hook.
-  void on_link_lost(RoomId room, const std::string& peer, const Status& reason);
+  // True when the room still needed the peer (it fails).
+  bool on_link_lost(RoomId room, const std::string& peer, const Status& reason);
 
   // Fails every room with `reason` and tells its sources (the engine is going).
   void shutdown(const Status& reason);

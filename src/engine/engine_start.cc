@@ -78,6 +78,7 @@ Result<std::shared_ptr<EngineCore>> EngineCore::start(EngineConfig config,
     auto registered = bootstrap::Client(core->config_.bootstrap_address)
                           .register_rank(core->self_, core->config_.timeouts.bootstrap);
     started = registered.status();
+    if (started.is_ok()) core->loop_.post([c = core.get()] { c->registration_->start(); });
   }
   if (!started.is_ok()) {
     core->shutdown();
@@ -243,9 +244,11 @@ void EngineCore::describe_self(int port) {
 
 void EngineCore::build_machinery() {
   lookups_ = std::make_unique<TopologyLookups>(loop_, calls_, config_.bootstrap_address, config_);
+  registration_ = std::make_unique<Registration>(loop_, calls_, config_.bootstrap_address, self_);
   PeerRegistry::Hooks hooks;
   hooks.link_lost = [this](RoomId room, const std::string& peer, const Status& why) {
-    prefill() ? prefill_->on_link_lost(room, peer, why) : decode_->on_link_lost(room, peer, why);
+    return prefill() ? prefill_->on_link_lost(room, peer, why)
+                     : decode_->on_link_lost(room, peer, why);
   };
   hooks.wire_ready = [this](RoomId room, const std::string& peer) {
     if (prefill()) prefill_->on_wire_ready(room, peer);

@@ -87,11 +87,11 @@ void PeerRegistry::on_link_lost(const std::string& key, const Status& reason) {
   if (it == peers_.end() || stopped_) return;
   Peer& peer = it->second;
   peer.lost = reason;
-  const std::vector<RoomId> rooms = rooms_of(peer);
-  // A peer that leaves when nothing waits on it is news, not a warning.
-  logger("engine")->log(rooms.empty() ? spdlog::level::info : spdlog::level::warn, "{}",
-                        reason.message());
-  for (RoomId room : rooms) hooks_.link_lost(room, key, reason);
+  bool needed = false;
+  for (RoomId room : rooms_of(peer)) needed |= hooks_.link_lost(room, key, reason);
+  // A peer that leaves when no room waits on it (a rank done with its work)
+  // is news, not a warning.
+  logger("engine")->log(needed ? spdlog::level::warn : spdlog::level::info, "{}", reason.message());
   // Its transport connection goes too: batches in flight to it end failed,
   // and a later room connects afresh.
   if (auto again = peers_.find(key); again != peers_.end()) drop_wire(again->second, reason);

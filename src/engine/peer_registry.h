@@ -42,8 +42,9 @@ class PeerRegistry {
   static constexpr auto kIdleLinger = std::chrono::seconds(30);
 
   struct Hooks {
-    // The peer's control link was lost; once per room bound to it.
-    std::function<void(RoomId, const std::string& peer, const Status& reason)> link_lost;
+    // The peer's control link was lost; once per room bound to it. True
+    // when the room still needed the peer (it fails).
+    std::function<bool(RoomId, const std::string& peer, const Status& reason)> link_lost;
     // The transport connection wire() started is ready, or failed; once per
     // room bound to the peer then. A connection that fails later (the
     // backend's peer-failure callback) is reported through wire_failed too.

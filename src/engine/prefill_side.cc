@@ -306,9 +306,10 @@ void PrefillSide::maybe_erase(PrefillRoom& room) {
   ctx_.counters.rooms = rooms_.size();
 }
 
-void PrefillSide::on_link_lost(RoomId id, const std::string& peer, const Status& reason) {
+bool PrefillSide::on_link_lost(RoomId id, const std::string& peer, const Status& reason) {
   PrefillRoom* room = find(id);
-  if (room == nullptr) return;
+  if (room == nullptr) return false;
+  bool needed = false;
   for (auto& [key, dest] : room->dests) {
     // A destination that acknowledged, or is acknowledging (a success report
     // in flight is decided by its reply), owes this room nothing more.
@@ -318,9 +319,11 @@ void PrefillSide::on_link_lost(RoomId id, const std::string& peer, const Status&
     }
     dest.report = Destination::Report::kFailureSent;  // nobody to tell
     dest.abort_answers.clear();
+    needed = true;
     fail(*room, reason);
-    if ((room = find(id)) == nullptr) return;
+    if ((room = find(id)) == nullptr) return true;
   }
+  return needed;
 }
 
 void PrefillSide::on_wire_ready(RoomId id, const std::string&) {

@@ -50,7 +50,8 @@ class PrefillSide {
   void on_abort(const proto::AbortRequest& request, AnswerPtr answer);
 
   // PeerRegistry's hooks.
-  void on_link_lost(RoomId room, const std::string& peer, const Status& reason);
+  // True when the room still needed the peer (it fails).
+  bool on_link_lost(RoomId room, const std::string& peer, const Status& reason);
   void on_wire_ready(RoomId room, const std::string& peer);
   void on_wire_failed(RoomId room, const std::string& peer, const Status& reason);
 

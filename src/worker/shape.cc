@@ -11,6 +11,9 @@
 #include "worker/worker.h"
 
 namespace pdkv::worker {
+namespace {
+constexpr uint32_t kMaxDecodeEngines = 256;
+}  // namespace
 
 Status Shape::validate() const {
   auto positive = [](const char* flag, uint64_t v) {
@@ -23,6 +26,16 @@ Status Shape::validate() const {
   PDKV_RETURN_IF_ERROR(positive("--window", window));
   PDKV_RETURN_IF_ERROR(positive("--prefill-tp", prefill_tp));
   PDKV_RETURN_IF_ERROR(positive("--decode-tp", decode_tp));
+  PDKV_RETURN_IF_ERROR(positive("--decode-engines", decode_engines));
+  if (decode_engines > kMaxDecodeEngines) {
+    return Status::invalid_argument(
+        fmt::format("--decode-engines {} is more than {}", decode_engines, kMaxDecodeEngines));
+  }
+  if (prefill_engine.empty() || decode_engine.empty() || prefill_engine == decode_engine) {
+    return Status::invalid_argument(
+        fmt::format("engine ids '{}' (prefill) and '{}' (decode) must be distinct and not empty",
+                    prefill_engine, decode_engine));
+  }
   if (warmup >= requests) {
     return Status::invalid_argument(
         fmt::format("--warmup {} leaves none of the {} requests to measure", warmup, requests));
@@ -66,6 +79,20 @@ Status Shape::validate() const {
   return Status::ok();
 }
 
+std::string Shape::decode_engine_id(uint32_t index) const {
+  return decode_engines == 1 ? decode_engine : fmt::format("{}-{}", decode_engine, index);
+}
+
+Result<uint32_t> Shape::decode_engine_index(const std::string& id) const {
+  for (uint32_t i = 0; i < decode_engines; ++i) {
+    if (decode_engine_id(i) == id) return i;
+  }
+  return Status::invalid_argument(
+      fmt::format("--engine-id '{}' is no decode engine of this run (--decode-engines {}: {}{})",
+                  id, decode_engines, decode_engine_id(0),
+                  decode_engines > 1 ? " ... " + decode_engine_id(decode_engines - 1) : ""));
+}
+
 Result<TransportOptions> Shape::transport_options() const {
   TransportOptions options;
   for (const std::string& kv : backend_options) {
@@ -96,9 +123,8 @@ MemoryKind Shape::device_kind() const {
   return kind.is_ok() ? *kind : MemoryKind::kHost;
 }
 
-std::vector<uint64_t> request_pages(const Shape& shape, Role role, uint64_t room) {
+std::vector<uint64_t> request_pages(const Shape& shape, Role role, uint64_t room, uint64_t slot) {
   const uint64_t n = shape.pages_per_request();
-  const uint64_t slot = (room - 1) % shape.window;
   std::vector<uint64_t> pages(n);
   std::iota(pages.begin(), pages.end(), slot * n);
   std::shuffle(pages.begin(), pages.end(),

@@ -79,7 +79,10 @@ class Run {
                               uint8_t got, uint8_t want) const;
   void poison(uint64_t room);
   void check_quarantines(bool all);
-  uint64_t slot_of(uint64_t room) const { return (room - 1) % shape_.window; }
+  uint64_t slot_of(uint64_t room) const { return share_.position(room) % shape_.window; }
+  std::vector<uint64_t> pages_of(uint64_t room) const {
+    return request_pages(shape_, args_.role, room, slot_of(room));
+  }
 
   const WorkerArgs& args_;
   const Shape& shape_;
@@ -87,6 +90,8 @@ class Run {
   const ProgressFn& progress_;
   EngineConfig cfg_;
   UnitRange heads_, layers_;
+  RoomShare share_;     // the rooms this rank serves
+  uint64_t rooms_ = 0;  // how many
   KvPools pools_;
   std::unique_ptr<Engine> engine_;
 
@@ -97,6 +102,7 @@ class Run {
   nlohmann::json events_ = nlohmann::json::array();  // [room, epoch µs]
   std::vector<double> latencies_;
   uint64_t next_ = 1, done_ = 0, succeeded_ = 0, bytes_ = 0;
+  Clock::time_point next_arrival_;  // prefill: --interval-ms
   bool verified_ = true;
   int64_t start_ms_ = 0;
 };
@@ -108,7 +114,17 @@ Status Run::configure() {
                                                 prefill_ ? "prefill" : "decode", tp_size));
   }
   cfg_.role = args_.role;
-  cfg_.engine_id = prefill_ ? shape_.prefill_engine : shape_.decode_engine;
+  if (prefill_) {
+    // Decode ranks name it with --prefill-engine.
+    cfg_.engine_id = args_.engine_id.empty() ? shape_.prefill_engine : args_.engine_id;
+  } else {
+    cfg_.engine_id = args_.engine_id.empty() && shape_.decode_engines == 1
+                         ? shape_.decode_engine_id(0)
+                         : args_.engine_id;
+    PDKV_ASSIGN_OR_RETURN(const uint32_t index, shape_.decode_engine_index(cfg_.engine_id));
+    share_ = RoomShare{index + 1, shape_.decode_engines};
+  }
+  rooms_ = share_.count(shape_.requests);
   cfg_.tp_rank = args_.tp_rank;
   cfg_.tp_size = tp_size;
   cfg_.kv = shape_.kv_spec();
@@ -163,15 +179,19 @@ bool Run::may_start(uint64_t room) const {
   // A slot is reused only after its previous request ended on this rank,
   // and, if that one failed, after its pages were checked again.
   if (room > shape_.requests || in_flight_.size() >= shape_.window) return false;
-  if (room > shape_.window && in_flight_.count(room - shape_.window)) return false;
+  if (prefill_ && Clock::now() < next_arrival_) return false;
+  const uint64_t previous =
+      share_.position(room) >= shape_.window ? room - uint64_t{shape_.window} * share_.stride : 0;
+  if (previous > 0 && in_flight_.count(previous)) return false;
   return !quarantine_.count(slot_of(room));
 }
 
 Status Run::start_room(uint64_t room) {
-  const auto pages = request_pages(shape_, args_.role, room);
+  const auto pages = pages_of(room);
   const uint64_t slot = slot_of(room);
   InFlight f;
   f.start = Clock::now();
+  next_arrival_ = f.start + std::chrono::milliseconds(shape_.interval_ms);
   if (prefill_) {
     if (shape_.verify) {
       for_each_element(
@@ -182,8 +202,9 @@ Status Run::start_room(uint64_t room) {
     for (uint64_t i = 0; i < shape_.aux_bytes; ++i) {
       pools_.aux(slot * shape_.aux_bytes + i) = std::byte{aux_byte(room, i)};
     }
-    // As SGLang's prefill does: the decode engine comes with the metadata.
-    PDKV_ASSIGN_OR_RETURN(f.sender, engine_->sender(room));
+    // As a router does: it tells the prefill engine where the request goes.
+    PDKV_ASSIGN_OR_RETURN(
+        f.sender, engine_->sender(room, shape_.decode_engine_id(shape_.decode_engine_of(room))));
     PDKV_RETURN_IF_ERROR(f.sender->init(pages.size(), static_cast<uint32_t>(slot)));
     uint64_t sent = 0;
     for (uint32_t c = 1; c <= shape_.chunks; ++c) {
@@ -203,7 +224,7 @@ Status Run::start_room(uint64_t room) {
 }
 
 void Run::fail(uint64_t room, const std::string& why) {
-  failed_rooms_.push_back({{"room", room}, {"reason", why}});
+  failed_rooms_.push_back({{"room", room}, {"reason", why}, {"at_ms", epoch_ms()}});
   if (errors_.size() < 8) errors_.push_back(fmt::format("room {}: {}", room, why));
 }
 
@@ -237,7 +258,8 @@ void Run::finish_room(uint64_t room, InFlight& f, PollState state) {
 
 void Run::loop() {
   const std::chrono::milliseconds tick(100);
-  while (done_ < shape_.requests) {
+  next_ = share_.first;
+  while (done_ < rooms_) {
     check_quarantines(false);
     while (may_start(next_)) {
       if (const Status started = start_room(next_); !started.is_ok()) {
@@ -245,7 +267,7 @@ void Run::loop() {
         ++done_;
         progress_(done_, next_, false);
       }
-      ++next_;
+      next_ += share_.stride;
     }
     for (auto it = in_flight_.begin(); it != in_flight_.end();) {
       const PollState state = prefill_ ? it->second.sender->poll() : it->second.receiver->poll();
@@ -258,15 +280,21 @@ void Run::loop() {
     }
     // Sleep until a room changes state (or a quarantine is due); the engine
     // lists the rooms, so no poll is spent on rooms that did not move.
-    if (done_ < shape_.requests && engine_->take_changed_rooms().empty()) {
-      (void)engine_->wait_for_changes(tick);
+    if (done_ < rooms_ && engine_->take_changed_rooms().empty()) {
+      const auto arrival = next_arrival_ - Clock::now();
+      const bool paced = prefill_ && next_ <= shape_.requests &&
+                         in_flight_.size() < shape_.window && arrival < tick;
+      (void)engine_->wait_for_changes(
+          paced ? std::max(std::chrono::duration_cast<std::chrono::milliseconds>(arrival),
+                           std::chrono::milliseconds(1))
+                : tick);
     }
   }
   check_quarantines(true);
 }
 
 void Run::poison(uint64_t room) {
-  const auto pages = request_pages(shape_, args_.role, room);
+  const auto pages = pages_of(room);
   for_each_element(cfg_.kv, heads_, layers_, pages, room, [&](uint32_t buf, uint64_t off, uint8_t) {
     pools_.kv(buf, off) = std::byte{poison_byte(room, buf, off)};
   });
@@ -288,7 +316,7 @@ void Run::check_quarantines(bool all) {
       continue;
     }
     if (all) std::this_thread::sleep_until(q.check_at);  // the check's own window
-    const auto pages = request_pages(shape_, args_.role, q.room);
+    const auto pages = pages_of(q.room);
     std::string landed;
     if (const Status down = pools_.download(pages); !down.is_ok()) landed = down.message();
     for_each_element(cfg_.kv, heads_, layers_, pages, q.room,
@@ -309,7 +337,7 @@ void Run::check_quarantines(bool all) {
 }
 
 std::string Run::verify(uint64_t room) {
-  const auto pages = request_pages(shape_, args_.role, room);
+  const auto pages = pages_of(room);
   if (const Status down = pools_.download(pages); !down.is_ok()) return down.message();
   std::string mismatch;
   for_each_element(cfg_.kv, heads_, layers_, pages, room,
@@ -352,11 +380,12 @@ std::string Run::describe_offset(const std::vector<uint64_t>& pages, uint32_t bu
 nlohmann::json Run::summary() const {
   nlohmann::ordered_json out;
   out["role"] = prefill_ ? "prefill" : "decode";
+  out["engine"] = cfg_.engine_id;
   out["rank"] = args_.tp_rank;
-  out["requests"] = shape_.requests;
+  out["requests"] = rooms_;
   out["succeeded"] = succeeded_;
-  out["failed"] = shape_.requests - succeeded_;
-  const bool all = succeeded_ == shape_.requests || shape_.keep_going;
+  out["failed"] = rooms_ - succeeded_;
+  const bool all = succeeded_ == rooms_ || shape_.keep_going;
   out["verified"] = shape_.verify && verified_ && all;
   out["bytes"] = bytes_;
   out["start_ms"] = start_ms_;

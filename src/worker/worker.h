@@ -40,8 +40,16 @@ struct Shape {
   uint64_t tokens = 256;
   uint32_t chunks = 1;  // send() calls per request (chunked prefill)
   uint32_t window = 4;  // requests in flight per rank
+  // Prefill ranks start a request no sooner than this after the previous
+  // one: requests arriving at a steady rate, as fault runs need (0: at once).
+  uint32_t interval_ms = 0;
   uint32_t aux_bytes = 16;
+  // Engine ids. The prefill engine feeds `decode_engines` decode engines of
+  // TP decode_tp each, requests round-robin over them (room r goes to decode
+  // engine (r - 1) mod N); `decode_engine` is their id, or with several the
+  // stem of "decode-0", "decode-1", ... (decode_engine_id).
   std::string prefill_engine = "prefill", decode_engine = "decode";
+  uint32_t decode_engines = 1;
   bool verify = true;  // false: benchmark mode, no pattern written or checked
   // Fault runs: --fault KEY=VALUE (pdkv/faults.h) wraps every rank's
   // transport; --keep-going counts a failed request with its reason and goes
@@ -56,6 +64,11 @@ struct Shape {
   std::string device = "host";
 
   uint64_t pages_per_request() const { return (tokens + page_size - 1) / page_size; }
+  std::string decode_engine_id(uint32_t index) const;
+  // The index of the decode engine named `id`, or kInvalidArgument naming
+  // it and the ids of this run.
+  Result<uint32_t> decode_engine_index(const std::string& id) const;
+  uint32_t decode_engine_of(uint64_t room) const { return (room - 1) % decode_engines; }
   // Ok, or the flag and value that cannot work.
   Status validate() const;
   KvSpec kv_spec() const;
@@ -65,6 +78,18 @@ struct Shape {
   Result<TransportOptions> transport_options() const;
   Result<FaultSpec> fault_spec() const;
   Result<Timeouts> timeouts() const;
+};
+
+// The rooms one rank serves, in order: first, first + stride, ... up to
+// --requests. A prefill rank serves every room; a rank of decode engine i of
+// N serves rooms i + 1, i + 1 + N, ...
+struct RoomShare {
+  uint64_t first = 1, stride = 1;
+  uint64_t count(uint64_t requests) const {
+    return requests >= first ? (requests - first) / stride + 1 : 0;
+  }
+  uint64_t position(uint64_t room) const { return (room - first) / stride; }  // 0, 1, ...
+  uint64_t room(uint64_t position) const { return first + position * stride; }
 };
 
 using ProgressFn = std::function<void(uint64_t done, uint64_t room, bool ok)>;
@@ -77,12 +102,16 @@ struct WorkerArgs {
   // This rank's address: its control service binds and advertises it, and
   // its data plane defaults to it (EngineConfig::control_host).
   std::string host = "127.0.0.1";
+  // This rank's engine: on a prefill rank, the prefill engine's id (default
+  // Shape::prefill_engine, which decode ranks must name the same); on a
+  // decode rank, one of the run's decode engine ids (default: the only one).
+  std::string engine_id;
 };
 
 // Runs every request on this rank and returns its summary:
-// {"role","rank","requests","succeeded","failed","verified","bytes",
+// {"role","engine","rank","requests","succeeded","failed","verified","bytes",
 //  "start_ms","end_ms","latencies_ms":[...],
-//  "failed_rooms":[{"room":R,"reason":"..."}, ...],"errors":[...],
+//  "failed_rooms":[{"room":R,"reason":"...","at_ms":epoch ms}, ...],"errors":[...],
 //  "events_us":[[room, epoch µs], ...]}: on prefill ranks when the room's last
 //  send() was made, on decode ranks when it succeeded.
 // "verified": every byte of every succeeded room was right, nothing landed
@@ -95,9 +124,10 @@ struct WorkerArgs {
 Result<nlohmann::json> run_worker(const WorkerArgs& args, const ProgressFn& progress,
                                   const std::function<void(const nlohmann::json&)>& summary);
 
-// The pages of request `room` in this role's pool: the request's slot of the
-// pool, in an order shuffled per room and role, so that prefill and decode
-// page lists never line up by accident.
-std::vector<uint64_t> request_pages(const Shape& shape, Role role, uint64_t room);
+// The pages of request `room` in this role's pool: slot `slot` of the pool
+// (its position among the rank's rooms, mod --window), in an order shuffled
+// per room and role, so that prefill and decode page lists never line up by
+// accident.
+std::vector<uint64_t> request_pages(const Shape& shape, Role role, uint64_t room, uint64_t slot);
 
 }  // namespace pdkv::worker

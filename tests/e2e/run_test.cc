@@ -141,6 +141,41 @@ TEST(Run, WarmupRequestsMoveButAreNotMeasured) {
       << r.err;
 }
 
+// --decode-engines 3: one prefill engine feeds three decode engines of TP 2,
+// room r going to decode-((r - 1) mod 3). Every room is received by exactly
+// one engine: 7 requests x 32 tokens x 16 KiB a token (4 layers x K+V x 8
+// heads x 128 x 2 B) in all, each byte checked by the engine's ranks.
+TEST(Run, DecodeEnginesTakeTheRequestsRoundRobin) {
+  const auto r = testing::run_command(std::string(PDKV_BIN) +
+                                      " run --backend mooncake --decode-engines 3 --decode-tp 2 "
+                                      "--requests 7 --tokens 32 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["verified"], true);
+  EXPECT_EQ(j["decode_engines"], 3);
+  EXPECT_EQ(j["bytes"].get<uint64_t>(), 7u * 32 * 16384);
+  const char* engine_of_room[] = {"decode-0", "decode-1", "decode-2", "decode-0",
+                                  "decode-1", "decode-2", "decode-0"};
+  ASSERT_EQ(j["outcomes"].size(), 7u);
+  for (size_t i = 0; i < 7; ++i) {
+    EXPECT_EQ(j["outcomes"][i]["room"], i + 1);
+    EXPECT_EQ(j["outcomes"][i]["decode_engine"], engine_of_room[i]) << j["outcomes"][i];
+    EXPECT_EQ(j["outcomes"][i]["ok"], true);
+  }
+}
+
+// A decode rank started by hand names one of the run's decode engines.
+TEST(Run, AWorkerRefusesAnEngineIdThatIsNotTheRuns) {
+  const auto r = testing::run_command(std::string(PDKV_BIN) +
+                                      " decode --decode-engines 2 --engine-id decode-2 --tp-rank 0 "
+                                      "--bootstrap 127.0.0.1:1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--engine-id 'decode-2' is no decode engine of this run (--decode-engines "
+                       "2: decode-0 ... decode-1)"),
+            std::string::npos)
+      << r.err;
+}
+
 // The pids of `parent`'s children whose command line contains `needle`.
 std::vector<pid_t> children_of(pid_t parent, const std::string& needle) {
   std::vector<pid_t> out;
@@ -203,7 +238,7 @@ TEST_P(KilledWorker, FailsTheRunNamingTheRank) {
     ASSERT_GT(n, 0) << "pdkv run ended early: " << log;
     log.append(buf, n);
   }
-  const auto victims = children_of(run, "decode --backend");
+  const auto victims = children_of(run, "decode --engine-id decode ");
   std::vector<pid_t> rank1;
   for (pid_t p : victims) {
     std::ifstream cmdline("/proc/" + std::to_string(p) + "/cmdline");

@@ -1,0 +1,56 @@
+#include "engine/registration.h"
+
+#include <fmt/format.h>
+
+#include "grpc_status.h"
+#include "log.h"
+
+namespace pdkv::engine {
+
+Registration::Registration(EventLoop& loop, CallTracker& tracker,
+                           const std::string& bootstrap_address, proto::RankInfo self)
+    : loop_(loop), tracker_(tracker), bootstrap_(bootstrap_address), self_(std::move(self)) {}
+
+void Registration::start() {
+  if (stopped_ || timer_ != 0) return;
+  timer_ = loop_.after(kRenewEvery, [this] { renew(); });
+}
+
+void Registration::stop() {
+  stopped_ = true;
+  loop_.cancel(timer_);
+  timer_ = 0;
+}
+
+void Registration::renew() {
+  timer_ = 0;
+  if (stopped_) return;
+  proto::RegisterRankRequest request;
+  request.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  *request.mutable_rank() = self_;
+  auto& stub = bootstrap_.stub();
+  // Not wait_for_ready: a service that is away fails the call at once, and
+  // the next renewal tries again.
+  start_unary<proto::RegisterRankRequest, proto::RegisterRankReply>(
+      loop_, tracker_, /*group=*/0, kRenewEvery, /*wait_for_ready=*/false, std::move(request),
+      [&stub](auto* ctx, auto* req, auto* rep, auto cb) {
+        stub.async()->RegisterRank(ctx, req, rep, std::move(cb));
+      },
+      [this](const grpc::Status& s, const proto::RegisterRankReply&) { renewed(s); });
+}
+
+void Registration::renewed(const grpc::Status& s) {
+  if (stopped_) return;
+  if (!s.ok() && !lapsed_) {
+    lapsed_ = true;
+    const Status why = from_grpc(s, fmt::format("bootstrap {} RegisterRank", bootstrap_.address()));
+    logger("engine")->warn("{}; registering again every {} ms until it answers", why.message(),
+                           kRenewEvery.count());
+  } else if (s.ok() && lapsed_) {
+    lapsed_ = false;
+    logger("engine")->info("registered again with bootstrap {}", bootstrap_.address());
+  }
+  timer_ = loop_.after(kRenewEvery, [this] { renew(); });
+}
+
+}  // namespace pdkv::engine

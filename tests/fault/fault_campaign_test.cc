@@ -1,0 +1,438 @@
+// The fault campaign: every backend on its network path, ranks on two hosts
+// (network namespaces), one fault per trial. Host A runs the bootstrap
+// service and the prefill engine (TP 2); host B two decode engines of TP 2
+// each, requests round-robin over them. Link 0 carries the control plane
+// (--host), link 1 the data plane (backend option host), so that the data
+// plane can be cut alone.
+//
+// Every trial checks what the table promises: the rooms a fault
+// touches fail within seconds with a reason that names the rank, rooms it
+// does not touch finish, rooms after a passing fault succeed again, no
+// process crashes or hangs, and no room counts as succeeded unless its
+// decode ranks verified every byte (and saw nothing land in a failed room's
+// pages afterwards).
+//
+// PDKV_FAULT_TRIALS sets the trials per case (2 by default; 20 under the
+// CTest label `slow`); PDKV_FAULT_REPORT names a file to which each trial's
+// figures are appended as a JSON line (docs/reliability.md).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "fault/hosts.h"
+
+namespace pdkv {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+using testing::Hosts;
+
+enum class Fault { kKillPrefill, kKillDecode, kStopDecode, kLinkDown, kDataBlackhole, kBootstrap };
+
+const char* fault_name(Fault f) {
+  switch (f) {
+    case Fault::kKillPrefill:
+      return "kill_prefill_rank";
+    case Fault::kKillDecode:
+      return "kill_decode_rank";
+    case Fault::kStopDecode:
+      return "sigstop_decode_rank_3s";
+    case Fault::kLinkDown:
+      return "link_down_3s";
+    case Fault::kDataBlackhole:
+      return "data_plane_blackhole_3s";
+    case Fault::kBootstrap:
+      return "bootstrap_killed_restarted";
+  }
+  return "?";
+}
+
+struct Path {
+  std::string name, backend;
+  std::vector<std::string> flags;
+  std::map<std::string, std::string> env;
+};
+
+struct Case {
+  Path path;
+  Fault fault;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.path.name << " " << fault_name(c.fault); }
+
+std::vector<Path> network_paths() {
+  std::vector<Path> paths;
+#ifdef PDKV_WITH_NIXL
+  paths.push_back({"nixl_ucx_tcp", "nixl", {}, {{"UCX_TLS", "tcp"}}});
+#endif
+  paths.push_back({"mooncake_tcp", "mooncake", {"--backend-opt", "same_host=off"}, {}});
+#ifdef PDKV_WITH_MORI
+  paths.push_back({"mori_tcp_rxm", "mori", {"--provider", "tcp;ofi_rxm"}, {}});
+#endif
+  return paths;
+}
+
+// A known defect (docs/reliability.md): when the link between the hosts
+// goes down, a decode rank fails its rooms as soon as its control
+// connections die, but UCX's and libfabric's TCP connections at the prefill
+// side still hold the writes they had sent; they retransmit them when the
+// link comes back, into pages of rooms already reported failed. Neither
+// library lets us abort its sockets (mooncake resets its own, which drops
+// them). Until the receivers can fence a peer's inbound traffic, these
+// cases are run on demand only (--gtest_also_run_disabled_tests).
+bool known_defect(const Path& p, Fault f) {
+  return f == Fault::kLinkDown && (p.backend == "nixl" || p.backend == "mori");
+}
+
+std::vector<Case> cases(bool defects) {
+  std::vector<Case> out;
+  for (const Path& p : network_paths()) {
+    for (Fault f : {Fault::kKillPrefill, Fault::kKillDecode, Fault::kStopDecode, Fault::kLinkDown,
+                    Fault::kDataBlackhole, Fault::kBootstrap}) {
+      if (known_defect(p, f) == defects) out.push_back({p, f});
+    }
+  }
+  return out;
+}
+
+int trials() {
+  const char* env = std::getenv("PDKV_FAULT_TRIALS");
+  return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 2;
+}
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr uint32_t kRequests = 300;  // 150 per decode engine, one every 20 ms
+constexpr uint32_t kEngines = 2, kTp = 2;
+constexpr int64_t kDetectLimitMs = 3000, kRecoverLimitMs = 5000;
+
+// What one trial measured.
+struct Figures {
+  uint64_t failures = 0;                // failed rooms, over every surviving rank
+  std::optional<int64_t> detection_ms;  // fault -> first failure
+  std::optional<int64_t> recovery_ms;   // fault over -> first success after it
+  std::string first_failure;            // "rank: room R: reason"
+  uint64_t late_landings = 0;           // SIGSTOP: bytes the frozen rank applied as it thawed
+};
+
+// One trial: the processes, the fault, the summaries.
+class Trial {
+ public:
+  Trial(const Path& path, Fault fault) : path_(path), fault_(fault), hosts_(2) {}
+
+  const std::string& why_not() const { return hosts_.why_not(); }
+
+  void run() {
+    ASSERT_TRUE(hosts_.ok());
+    start_bootstrap(0);
+    for (uint32_t r = 0; r < kTp; ++r) prefill_.push_back(&worker('a', "prefill", "prefill", r));
+    decode_.resize(kEngines);
+    for (uint32_t e = 0; e < kEngines; ++e) start_decode_engine(e);
+    inject();
+    collect();
+  }
+
+  void check(Figures& figures);
+
+ private:
+  std::string engine_id(uint32_t e) const { return "decode-" + std::to_string(e); }
+
+  void start_bootstrap(uint16_t port) {
+    bootstrap_ = &hosts_.start('a', {PDKV_BIN, "bootstrap", "--host", Hosts::address('a'), "--port",
+                                     std::to_string(port)});
+    const std::string first = bootstrap_->read_line(10s);
+    ASSERT_EQ(first.rfind("pdkv bootstrap listening on ", 0), 0u) << first;
+    address_ = first.substr(first.rfind(' ') + 1);
+  }
+
+  ChildProcess& worker(char host, const char* role, const std::string& engine, uint32_t rank) {
+    std::vector<std::string> argv = {
+        PDKV_BIN, role, "--engine-id", engine, "--tp-rank", std::to_string(rank), "--bootstrap",
+        address_, "--host", Hosts::address(host, 0), "--backend-opt",
+        "host=" + Hosts::address(host, 1), "--backend", path_.backend, "--prefill-tp",
+        std::to_string(kTp), "--decode-tp", std::to_string(kTp), "--decode-engines",
+        std::to_string(kEngines), "--kv-heads", "8", "--requests", std::to_string(kRequests),
+        "--interval-ms", "20", "--tokens", "64", "--page-size", "16", "--head-dim", "32",
+        "--layers", "2", "--window", "4", "--keep-going", "--engine-timeout", "transfer=2000",
+        "--engine-timeout", "connect=2000",
+        // A room the frozen decode rank gave up
+        // before its metadata left is found out
+        // by this timeout (docs/reliability.md).
+        "--engine-timeout", "data=4000"};
+    argv.insert(argv.end(), path_.flags.begin(), path_.flags.end());
+    return hosts_.start(host, argv, path_.env);
+  }
+
+  void start_decode_engine(uint32_t e) {
+    for (uint32_t r = 0; r < kTp; ++r)
+      decode_[e].push_back(&worker('b', "decode", engine_id(e), r));
+  }
+
+  // Until prefill rank 0 has finished `n` requests (it prints a line each).
+  void await_progress(uint64_t n) {
+    const auto end = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < end) {
+      const std::string line = prefill_[0]->read_line(5s);
+      unsigned long long done = 0;
+      if (std::sscanf(line.c_str(), "progress %llu", &done) == 1 && done >= n) return;
+      if (line.empty()) break;
+    }
+    FAIL() << "prefill rank 0 did not reach " << n << " requests";
+  }
+
+  void inject();
+  void collect();
+
+  const Path path_;
+  const Fault fault_;
+  Hosts hosts_;
+  std::string address_;  // the bootstrap service
+  ChildProcess* bootstrap_ = nullptr;
+  std::vector<ChildProcess*> prefill_;
+  std::vector<std::vector<ChildProcess*>> decode_;  // [engine][rank]
+  ChildProcess* victim_ = nullptr;                  // killed: no summary expected
+  int64_t fault_at_ = 0, over_at_ = 0;              // epoch ms
+  bool registered_again_ = false;                   // kBootstrap: every engine, in time
+  // Every surviving worker's summary and exit status, with its name.
+  struct Outcome {
+    std::string name;
+    bool decode;
+    uint32_t engine, rank;
+    nlohmann::json summary;
+    int status;
+  };
+  std::vector<Outcome> outcomes_;
+};
+
+void Trial::inject() {
+  switch (fault_) {
+    case Fault::kKillPrefill:
+    case Fault::kKillDecode:
+      // Late in the run: the rooms after it fail one by one (each finds the
+      // rank gone), so fewer of them keep the trial short.
+      await_progress(kRequests - 16);
+      victim_ = fault_ == Fault::kKillPrefill ? prefill_[1] : decode_[1][0];
+      fault_at_ = now_ms();
+      victim_->kill_now();
+      return;
+    case Fault::kStopDecode:
+      await_progress(20);
+      fault_at_ = now_ms();
+      decode_[1][0]->signal(SIGSTOP);
+      std::this_thread::sleep_for(3s);  // the fault's duration, not a wait for anything
+      decode_[1][0]->signal(SIGCONT);
+      over_at_ = now_ms();
+      return;
+    case Fault::kLinkDown:
+    case Fault::kDataBlackhole: {
+      await_progress(20);
+      const bool all = fault_ == Fault::kLinkDown;
+      fault_at_ = now_ms();
+      if (all) {
+        ASSERT_TRUE(hosts_.link(0, false));
+      }
+      ASSERT_TRUE(hosts_.link(1, false));
+      std::this_thread::sleep_for(3s);  // the fault's duration
+      if (all) {
+        ASSERT_TRUE(hosts_.link(0, true));
+      }
+      ASSERT_TRUE(hosts_.link(1, true));
+      over_at_ = now_ms();
+      return;
+    }
+    case Fault::kBootstrap: {
+      await_progress(20);
+      const std::string port = address_.substr(address_.rfind(':') + 1);
+      fault_at_ = now_ms();
+      bootstrap_->kill_now();
+      std::this_thread::sleep_for(2s);  // the service's absence
+      start_bootstrap(static_cast<uint16_t>(std::stoi(port)));
+      over_at_ = now_ms();
+      // The new service knows nobody; every rank registers again by itself,
+      // after which a new lookup of any engine succeeds.
+      // (Asked from host B, as a decode rank would ask.)
+      registered_again_ = testing::poll_until(
+          [&] {
+            for (const char* engine : {"prefill", "decode-0", "decode-1"}) {
+              const auto r = testing::run_command("ip netns exec " + hosts_.ns('b') + " " +
+                                                  PDKV_BIN + " topology --bootstrap " + address_ +
+                                                  " --engine " + engine + " --timeout 0.5");
+              const auto j = nlohmann::json::parse(r.out, nullptr, false);
+              if (r.exit_code != 0 || j.is_discarded() || j["ranks"].size() != kTp) return false;
+            }
+            return true;
+          },
+          std::chrono::milliseconds(kRecoverLimitMs));
+      return;
+    }
+  }
+}
+
+void Trial::collect() {
+  auto take = [&](ChildProcess* p, std::string name, bool decode, uint32_t engine, uint32_t rank) {
+    if (p == victim_) return;
+    Outcome o{std::move(name), decode, engine, rank, testing::summary_of(*p, 90s), 0};
+    o.status = p->wait();
+    outcomes_.push_back(std::move(o));
+  };
+  for (uint32_t r = 0; r < prefill_.size(); ++r) {
+    take(prefill_[r], "prefill rank " + std::to_string(r), false, 0, r);
+  }
+  for (uint32_t e = 0; e < decode_.size(); ++e) {
+    for (uint32_t r = 0; r < decode_[e].size(); ++r) {
+      take(decode_[e][r], engine_id(e) + " rank " + std::to_string(r), true, e, r);
+    }
+  }
+}
+
+void Trial::check(Figures& figures) {
+  std::vector<std::pair<int64_t, std::string>> failures;  // at_ms, "name: room R: reason"
+  std::vector<int64_t> successes_after;                   // decode success times after over_at_
+  uint64_t successes_during = 0;                          // ... between fault_at_ and over_at_
+  for (const Outcome& o : outcomes_) {
+    // No crash, no hang: every survivor reported and exited 0 (verified).
+    ASSERT_FALSE(o.summary.is_discarded()) << o.name << " printed no summary";
+    const bool frozen = fault_ == Fault::kStopDecode && o.decode && o.engine == 1 && o.rank == 0;
+    if (frozen && !o.summary["verified"].get<bool>()) {
+      // The one documented limit (transport.h, "kFailed means over"): what
+      // the frozen rank's kernel had received it applies as it thaws, into
+      // rooms it failed. Anything else is still an error.
+      for (const auto& e : o.summary["errors"]) {
+        const std::string text = e.get<std::string>();
+        if (text.find("bytes landed in its pages after it failed") != std::string::npos) {
+          ++figures.late_landings;
+        } else {
+          EXPECT_EQ(text.find(": got 0x"), std::string::npos) << o.name << ": " << text;
+        }
+      }
+      EXPECT_GT(figures.late_landings, 0u) << o.name << " unverified: " << o.summary["errors"];
+    } else {
+      EXPECT_TRUE(WIFEXITED(o.status) && WEXITSTATUS(o.status) == 0)
+          << o.name << " exit status " << o.status << ": " << o.summary;
+      EXPECT_TRUE(o.summary["verified"].get<bool>()) << o.name << ": " << o.summary["errors"];
+    }
+    for (const auto& f : o.summary["failed_rooms"]) {
+      failures.push_back({f["at_ms"].get<int64_t>(), o.name + ": room " +
+                                                         std::to_string(f["room"].get<uint64_t>()) +
+                                                         ": " + f["reason"].get<std::string>()});
+    }
+    if (o.decode && over_at_ > 0) {
+      for (const auto& e : o.summary["events_us"]) {
+        const int64_t at = e[1].get<int64_t>() / 1000;
+        if (at >= over_at_) successes_after.push_back(at);
+        if (at >= fault_at_ && at < over_at_) ++successes_during;
+      }
+    }
+    // The decode engine a fault does not touch loses nothing.
+    const bool untouched = o.decode && o.engine == 0 &&
+                           (fault_ == Fault::kKillDecode || fault_ == Fault::kStopDecode ||
+                            fault_ == Fault::kBootstrap);
+    if (untouched || (fault_ == Fault::kBootstrap && o.decode)) {
+      EXPECT_EQ(o.summary["failed"].get<uint64_t>(), 0u) << o.name << ": " << o.summary["errors"];
+    }
+  }
+  std::sort(failures.begin(), failures.end());
+  figures.failures = failures.size();
+  if (!failures.empty()) figures.detection_ms = failures.front().first - fault_at_;
+  if (!successes_after.empty()) {
+    figures.recovery_ms =
+        *std::min_element(successes_after.begin(), successes_after.end()) - over_at_;
+  }
+  const std::string first = failures.empty() ? "" : failures.front().second;
+  figures.first_failure = first;
+  switch (fault_) {
+    case Fault::kBootstrap:
+      // Known peers need no service: nothing failed, rooms went on while it
+      // was away, and every rank registered again once it was back.
+      EXPECT_TRUE(failures.empty()) << first;
+      EXPECT_GT(successes_during, 0u) << "no room succeeded while the service was away";
+      EXPECT_TRUE(registered_again_)
+          << "the restarted service did not learn every rank in " << kRecoverLimitMs << " ms";
+      return;
+    case Fault::kKillPrefill:
+    case Fault::kKillDecode: {
+      ASSERT_FALSE(failures.empty()) << "nobody noticed the killed rank";
+      EXPECT_LE(*figures.detection_ms, kDetectLimitMs) << first;
+      const std::string rank =
+          fault_ == Fault::kKillPrefill ? "prefill dp 0 tp 1" : "decode-1 dp 0 tp 0";
+      EXPECT_NE(first.find(rank), std::string::npos)
+          << "the first failure does not name " << rank << ": " << first;
+      return;
+    }
+    case Fault::kStopDecode:
+    case Fault::kLinkDown:
+    case Fault::kDataBlackhole:
+      ASSERT_FALSE(failures.empty()) << "nobody noticed the fault";
+      EXPECT_LE(*figures.detection_ms, kDetectLimitMs) << first;
+      if (fault_ != Fault::kDataBlackhole) {
+        const std::string rank = fault_ == Fault::kStopDecode ? "decode-1 dp 0 tp 0" : "dp 0 tp";
+        EXPECT_NE(first.find(rank), std::string::npos) << first;
+      }
+      // Then the system heals by itself: a room succeeds within 5 s, and no
+      // room fails later than that.
+      ASSERT_TRUE(figures.recovery_ms.has_value()) << "no room succeeded after the fault";
+      EXPECT_LE(*figures.recovery_ms, kRecoverLimitMs);
+      // (After SIGCONT, a room the frozen rank gave up before its metadata
+      // left still fails when the prefill side's data timeout runs out.)
+      if (fault_ != Fault::kStopDecode) {
+        EXPECT_LE(failures.back().first - over_at_, kRecoverLimitMs)
+            << "a room failed long after the fault: " << failures.back().second;
+      }
+      return;
+  }
+}
+
+void run_campaign(const Case& c) {
+  const char* report = std::getenv("PDKV_FAULT_REPORT");
+  for (int t = 0; t < trials(); ++t) {
+    SCOPED_TRACE("trial " + std::to_string(t + 1));
+    Figures figures;
+    {
+      Trial trial(c.path, c.fault);
+      if (!trial.why_not().empty()) GTEST_SKIP() << trial.why_not();
+      trial.run();
+      if (::testing::Test::HasFatalFailure()) return;
+      trial.check(figures);
+    }  // every process ended, by pid; the namespaces removed
+    const nlohmann::json line = {
+        {"backend", c.path.name},
+        {"fault", fault_name(c.fault)},
+        {"ok", !::testing::Test::HasFailure()},
+        {"failures", figures.failures},
+        {"detection_ms", figures.detection_ms ? nlohmann::json(*figures.detection_ms) : nullptr},
+        {"recovery_ms", figures.recovery_ms ? nlohmann::json(*figures.recovery_ms) : nullptr},
+        {"late_landings", figures.late_landings},
+        {"first_failure", figures.first_failure}};
+    std::printf("trial %s\n", line.dump().c_str());
+    if (report != nullptr) std::ofstream(report, std::ios::app) << line.dump() << "\n";
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return info.param.path.name + "_" + fault_name(info.param.fault);
+}
+
+class FaultCampaign : public ::testing::TestWithParam<Case> {};
+TEST_P(FaultCampaign, FailsNamedThenHealsAndNeverLiesAboutBytes) { run_campaign(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Campaign, FaultCampaign, ::testing::ValuesIn(cases(false)), case_name);
+
+class KnownDefect : public ::testing::TestWithParam<Case> {};
+TEST_P(KnownDefect, DISABLED_FailsNamedThenHealsAndNeverLiesAboutBytes) {
+  run_campaign(GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Campaign, KnownDefect, ::testing::ValuesIn(cases(true)), case_name);
+
+}  // namespace
+}  // namespace pdkv
