@@ -40,8 +40,8 @@ Status check_same_engine(const proto::RankInfo& a, const proto::RankInfo& b) {
   if (a.pp_size() != b.pp_size()) return differ("pp_size", a.pp_size(), b.pp_size());
   if (a.dp_size() != b.dp_size()) return differ("dp_size", a.dp_size(), b.dp_size());
   if (a.role() != b.role()) return differ("role", role_text(a.role()), role_text(b.role()));
-  if (!std::equal(a.aux_item_bytes().begin(), a.aux_item_bytes().end(),
-                  b.aux_item_bytes().begin(), b.aux_item_bytes().end())) {
+  if (!std::equal(a.aux_item_bytes().begin(), a.aux_item_bytes().end(), b.aux_item_bytes().begin(),
+                  b.aux_item_bytes().end())) {
     return differ("aux_item_bytes", fmt::format("[{}]", fmt::join(a.aux_item_bytes(), ", ")),
                   fmt::format("[{}]", fmt::join(b.aux_item_bytes(), ", ")));
   }
@@ -52,7 +52,7 @@ Status check_same_engine(const proto::RankInfo& a, const proto::RankInfo& b) {
   return Status::ok();
 }
 
-Result<Registry::Registered> Registry::register_rank(const proto::RankInfo& r) {
+Result<Registry::Registered> Registry::register_rank(const proto::RankInfo& r, bool renewal) {
   if (r.engine_id().empty()) return Status::invalid_argument("registration without an engine_id");
   auto out_of = [&](const char* what, uint32_t rank, uint32_t size) {
     return Status::invalid_argument(
@@ -83,6 +83,12 @@ Result<Registry::Registered> Registry::register_rank(const proto::RankInfo& r) {
           r.layer_first(), r.layer_first() + r.layer_count(), rank_name(other), other.layer_first(),
           other.layer_first() + other.layer_count()));
     }
+  }
+  if (auto held = group.find(key);
+      renewal && held != group.end() && held->second.incarnation() != r.incarnation()) {
+    return Status::failed_precondition(
+        fmt::format("{}: incarnation {} renews, but incarnation {} registered since", rank_name(r),
+                    r.incarnation(), held->second.incarnation()));
   }
   Registered result;
   auto [it, inserted] = group.insert_or_assign(key, r);

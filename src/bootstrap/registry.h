@@ -19,12 +19,14 @@ namespace pdkv::bootstrap {
 class Registry {
  public:
   struct Registered {
-    bool replaced = false;  // an earlier incarnation of this rank was replaced
+    bool replaced = false;  // an entry of this rank was there (and is replaced)
   };
   // Errors: a rank outside its declared sizes; a spec, backend or size that
   // disagrees with the ranks already registered for the engine (naming both
-  // values); a layer range unlike the other ranks of its pipeline stage.
-  Result<Registered> register_rank(const proto::RankInfo& rank);
+  // values); a layer range unlike the other ranks of its pipeline stage;
+  // with `renewal`, another incarnation of the rank holding its entry
+  // (failed_precondition: a newer process replaced this one).
+  Result<Registered> register_rank(const proto::RankInfo& rank, bool renewal = false);
   // Every rank of (engine, dp_rank) ordered by (pp_rank, tp_rank), or
   // unavailable while some are missing, or not_found for an unknown engine.
   Result<std::vector<proto::RankInfo>> topology(const std::string& engine_id,

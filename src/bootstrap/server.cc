@@ -14,17 +14,21 @@ class BootstrapService final : public proto::Bootstrap::Service {
   grpc::Status RegisterRank(grpc::ServerContext*, const proto::RegisterRankRequest* request,
                             proto::RegisterRankReply* reply) override {
     PDKV_GRPC_CHECK(check_protocol_version(request->protocol_version()));
-    auto registered = registry_.register_rank(request->rank());
+    auto registered = registry_.register_rank(request->rank(), request->renewal());
     if (!registered.is_ok()) {
       logger("bootstrap")->warn("refused registration: {}", registered.status().message());
       return to_grpc(registered.status());
     }
     reply->set_replaced(registered->replaced);
     const auto& r = request->rank();
+    // Live ranks renew every second: news only when this service did not
+    // know the rank (it was restarted).
+    const bool news = !request->renewal() || !registered->replaced;
     logger("bootstrap")
-        ->info("{} rank {} dp {} tp {}/{} pp {}/{} at {}",
-               registered->replaced ? "re-registered" : "registered", r.engine_id(), r.dp_rank(),
-               r.tp_rank(), r.tp_size(), r.pp_rank(), r.pp_size(), r.control_address());
+        ->log(news ? spdlog::level::info : spdlog::level::debug,
+              "{} rank {} dp {} tp {}/{} pp {}/{} at {}",
+              registered->replaced ? "re-registered" : "registered", r.engine_id(), r.dp_rank(),
+              r.tp_rank(), r.tp_size(), r.pp_rank(), r.pp_size(), r.control_address());
     return grpc::Status::OK;
   }
 

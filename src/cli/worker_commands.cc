@@ -42,7 +42,7 @@ Command add_worker_command(CLI::App& app, Role role) {
   add_shape_flags(*cmd, args->shape);
   cmd->add_option("--tp-rank", args->tp_rank, "This rank's TP rank")->required();
   cmd->add_option("--engine-id", args->engine_id,
-                  prefill ? "This rank's engine id (default: --prefill-engine)"
+                  prefill ? "This rank's engine id: --prefill-engine (default), named for ps"
                           : "This rank's decode engine: --decode-engine, or with --decode-engines "
                             "N one of ID-0 ... ID-(N-1)");
   cmd->add_option("--bootstrap", args->bootstrap, "Bootstrap service host:port")->required();

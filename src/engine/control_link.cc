@@ -21,11 +21,6 @@ std::mutex& reactor_order() {
 }
 void ordered_after_construction() { std::lock_guard lock(reactor_order()); }
 
-CallTracker::Group next_group() {
-  static std::atomic<CallTracker::Group> next{1};
-  return next.fetch_add(1);
-}
-
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
                                             std::chrono::milliseconds keepalive) {
   grpc::ChannelArguments args;
@@ -119,7 +114,7 @@ ControlLink::ControlLink(EventLoop& loop, CallTracker& tracker, std::string addr
       keepalive_(keepalive),
       connect_timeout_(connect_timeout),
       events_(std::move(events)),
-      group_(next_group()),
+      group_(new_call_group()),
       channel_(make_channel(address_, keepalive)),
       stub_(proto::Control::NewStub(channel_)) {}
 

@@ -1,8 +1,15 @@
 #include "engine/grpc_calls.h"
 
+#include <atomic>
+
 #include <vector>
 
 namespace pdkv::engine {
+
+CallTracker::Group new_call_group() {
+  static std::atomic<CallTracker::Group> next{1};
+  return next.fetch_add(1);
+}
 
 uint64_t CallTracker::begin(Group group, std::weak_ptr<grpc::ClientContext> ctx, Kind kind) {
   std::lock_guard lock(mu_);

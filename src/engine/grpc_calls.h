@@ -54,6 +54,9 @@ class CallTracker {
   uint64_t next_ = 1;
 };
 
+// A group no other caller has (process-wide, any thread).
+CallTracker::Group new_call_group();
+
 // What start_unary needs of a stub method: launch(ctx, request, reply, on_done)
 // starts the call, e.g. [&stub](auto... a) { stub.async()->ReportStatus(a...); }.
 template <typename Request, typename Reply>

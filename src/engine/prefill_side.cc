@@ -319,7 +319,7 @@ bool PrefillSide::on_link_lost(RoomId id, const std::string& peer, const Status&
     }
     dest.report = Destination::Report::kFailureSent;  // nobody to tell
     dest.abort_answers.clear();
-    needed = true;
+    needed |= !room->failure.has_value();  // a failed room only drains
     fail(*room, reason);
     if ((room = find(id)) == nullptr) return true;
   }

@@ -35,6 +35,7 @@ class Registration {
   CallTracker& tracker_;
   bootstrap::Client bootstrap_;
   const proto::RankInfo self_;
+  const CallTracker::Group group_;  // the renewal in flight, cancelled by stop()
   EventLoop::TimerId timer_ = 0;
   bool stopped_ = false;
   bool lapsed_ = false;  // the last renewal failed (logged once per lapse)

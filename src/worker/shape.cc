@@ -31,10 +31,12 @@ Status Shape::validate() const {
     return Status::invalid_argument(
         fmt::format("--decode-engines {} is more than {}", decode_engines, kMaxDecodeEngines));
   }
-  if (prefill_engine.empty() || decode_engine.empty() || prefill_engine == decode_engine) {
-    return Status::invalid_argument(
-        fmt::format("engine ids '{}' (prefill) and '{}' (decode) must be distinct and not empty",
-                    prefill_engine, decode_engine));
+  for (uint32_t i = 0; i < decode_engines; ++i) {
+    if (prefill_engine.empty() || decode_engine.empty() || prefill_engine == decode_engine_id(i)) {
+      return Status::invalid_argument(
+          fmt::format("engine ids '{}' (prefill) and '{}' (decode) must be distinct and not empty",
+                      prefill_engine, decode_engine_id(i)));
+    }
   }
   if (warmup >= requests) {
     return Status::invalid_argument(

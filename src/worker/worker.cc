@@ -115,8 +115,14 @@ Status Run::configure() {
   }
   cfg_.role = args_.role;
   if (prefill_) {
-    // Decode ranks name it with --prefill-engine.
+    // Decode ranks name it with --prefill-engine: the two must agree.
     cfg_.engine_id = args_.engine_id.empty() ? shape_.prefill_engine : args_.engine_id;
+    if (cfg_.engine_id != shape_.prefill_engine) {
+      return Status::invalid_argument(
+          fmt::format("--engine-id '{}' is not the prefill engine '{}' that decode ranks look up "
+                      "(--prefill-engine)",
+                      cfg_.engine_id, shape_.prefill_engine));
+    }
   } else {
     cfg_.engine_id = args_.engine_id.empty() && shape_.decode_engines == 1
                          ? shape_.decode_engine_id(0)
@@ -281,13 +287,13 @@ void Run::loop() {
     // Sleep until a room changes state (or a quarantine is due); the engine
     // lists the rooms, so no poll is spent on rooms that did not move.
     if (done_ < rooms_ && engine_->take_changed_rooms().empty()) {
-      const auto arrival = next_arrival_ - Clock::now();
-      const bool paced = prefill_ && next_ <= shape_.requests &&
-                         in_flight_.size() < shape_.window && arrival < tick;
-      (void)engine_->wait_for_changes(
-          paced ? std::max(std::chrono::duration_cast<std::chrono::milliseconds>(arrival),
-                           std::chrono::milliseconds(1))
-                : tick);
+      // Waiting for the next arrival (--interval-ms) only: a room that holds
+      // its slot ends with a change, which wakes the wait anyway.
+      const auto arrival =
+          std::chrono::ceil<std::chrono::milliseconds>(next_arrival_ - Clock::now());
+      const bool paced =
+          prefill_ && next_ <= shape_.requests && arrival.count() > 0 && arrival < tick;
+      (void)engine_->wait_for_changes(paced ? arrival : tick);
     }
   }
   check_quarantines(true);

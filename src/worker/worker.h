@@ -102,9 +102,9 @@ struct WorkerArgs {
   // This rank's address: its control service binds and advertises it, and
   // its data plane defaults to it (EngineConfig::control_host).
   std::string host = "127.0.0.1";
-  // This rank's engine: on a prefill rank, the prefill engine's id (default
-  // Shape::prefill_engine, which decode ranks must name the same); on a
-  // decode rank, one of the run's decode engine ids (default: the only one).
+  // This rank's engine: on a prefill rank, Shape::prefill_engine (naming it
+  // lets `ps` find the rank; another id is refused); on a decode rank, one of
+  // the run's decode engine ids (default: the only one).
   std::string engine_id;
 };
 

@@ -50,6 +50,27 @@ TEST(BootstrapRegistry, TopologyUnavailableUntilEveryRankRegistered) {
   EXPECT_EQ(full[1].tp_rank(), 1u);
 }
 
+// Live ranks renew their registration every second, so that a restarted
+// service learns them again; a renewal never displaces a newer incarnation
+// (a process that was frozen, then replaced, thaws and renews).
+TEST(BootstrapRegistry, ARenewalRestoresARankButNeverDisplacesItsSuccessor) {
+  bootstrap::Registry reg;
+  auto first = rank(0, 1);
+  auto renewed = reg.register_rank(first, /*renewal=*/true);  // a restarted service
+  ASSERT_TRUE(renewed.is_ok()) << renewed.status().message();
+  EXPECT_FALSE(renewed->replaced);
+  EXPECT_TRUE(reg.register_rank(first, /*renewal=*/true).value().replaced);
+  auto successor = rank(0, 1);
+  successor.set_incarnation(2);
+  successor.set_control_address("127.0.0.1:7100");
+  ASSERT_TRUE(reg.register_rank(successor).is_ok());  // a restart replaces
+  const auto stale = reg.register_rank(first, /*renewal=*/true);
+  EXPECT_EQ(stale.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stale.status().message(),
+            "prefill-a dp 0 tp 0 pp 0: incarnation 1 renews, but incarnation 2 registered since");
+  EXPECT_EQ(reg.topology("prefill-a", 0).value()[0].control_address(), "127.0.0.1:7100");
+}
+
 TEST(BootstrapRegistry, MismatchedSpecRefusedNamingBothValues) {
   bootstrap::Registry reg;
   ASSERT_TRUE(reg.register_rank(rank(0, 2)).is_ok());

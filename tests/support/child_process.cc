@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -87,6 +88,22 @@ int ChildProcess::wait() {
   if (waitpid(pid_, &status, 0) != pid_) status = -1;
   pid_ = -1;
   return status;
+}
+
+std::optional<int> ChildProcess::wait_for(std::chrono::milliseconds limit) {
+  if (pid_ <= 0) return -1;
+  // A pidfd becomes readable when the process exits: no polling loop.
+  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+  if (fd >= 0) {
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(limit.count()));
+    close(fd);
+    if (ready == 0) {
+      kill_now();
+      return std::nullopt;
+    }
+  }
+  return wait();
 }
 
 void ChildProcess::kill_now() {

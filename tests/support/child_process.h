@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@ class ChildProcess {
   void signal(int sig);
   // Reaps it once it exits; its wait status (-1 if there is none).
   int wait();
+  // As wait(), for at most `limit`; nullopt (and the process killed and
+  // reaped) when it has not exited by then.
+  std::optional<int> wait_for(std::chrono::milliseconds limit);
   // Sends SIGKILL and reaps it; idempotent.
   void kill_now();
 
