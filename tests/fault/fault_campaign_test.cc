@@ -168,10 +168,11 @@ class Trial {
         "--interval-ms", "20", "--tokens", "64", "--page-size", "16", "--head-dim", "32",
         "--layers", "2", "--window", "4", "--keep-going", "--engine-timeout", "transfer=2000",
         "--engine-timeout", "connect=2000",
-        // A room the frozen decode rank gave up
-        // before its metadata left is found out
-        // by this timeout (docs/reliability.md).
-        "--engine-timeout", "data=8000"};
+        // A room the frozen decode rank gave up before its metadata left is
+        // found out by the prefill side's data timeout (docs/reliability.md,
+        // limit 3); decode ranks wait longer, so that the rooms of the
+        // untouched engine, queued behind such rooms, outlast it.
+        "--engine-timeout", std::string(role) == "prefill" ? "data=8000" : "data=20000"};
     argv.insert(argv.end(), path_.flags.begin(), path_.flags.end());
     return hosts_.start(host, argv, path_.env);
   }
