@@ -25,15 +25,16 @@ def main(path):
                 trial = json.loads(line)
                 rows[(trial["backend"], trial["fault"])].append(trial)
     print("| backend | fault | trials | passed | detected | detection p50 / p99 ms "
-          "| recovery p50 / p99 ms | late landings |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| recovery p50 / p99 ms | late landings | collateral |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (backend, fault), trials in sorted(rows.items()):
         detect = [t["detection_ms"] for t in trials if t["detection_ms"] is not None]
         recover = [t["recovery_ms"] for t in trials if t["recovery_ms"] is not None]
         print(f"| {backend} | {fault} | {len(trials)} | {sum(t['ok'] for t in trials)} "
               f"| {len(detect)} | {percentile(detect, 0.5)} / {percentile(detect, 0.99)} "
               f"| {percentile(recover, 0.5)} / {percentile(recover, 0.99)} "
-              f"| {sum(t.get('late_landings', 0) for t in trials)} |")
+              f"| {sum(t.get('late_landings', 0) for t in trials)} "
+              f"| {sum(t.get('collateral', 0) for t in trials)} |")
 
 
 if __name__ == "__main__":

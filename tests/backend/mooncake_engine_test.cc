@@ -132,7 +132,9 @@ TEST(MooncakeEngine, ARequestNotCompletedInTimeEndsAsTimeout) {
 // A request that times out while its slices stream to a live target: once
 // the batch reports the timeout, none of its bytes lands any more (its
 // queued slices are dropped, not retried), and what landed is the source's.
-TEST(MooncakeEngine, ATimedOutBatchLandsNothingAfterItsReport) {
+// One try of the case below: false when the whole batch landed before its
+// report (a loaded machine polled late), so that nothing was left to drop.
+bool timed_out_batch_lands_nothing_after_its_report() {
   constexpr size_t kBytes = 256 << 20;
   std::vector<char> src(kBytes), dst(kBytes, 0);  // outlive the engines
   for (size_t i = 0; i < kBytes; i += 4096) src[i] = static_cast<char>(i / 4096 + 1);
@@ -141,25 +143,25 @@ TEST(MooncakeEngine, ATimedOutBatchLandsNothingAfterItsReport) {
   config.request_timeout = 10ms;
   auto initiator = TransferEngine::create(config).value();
   auto target = TransferEngine::create(tcp_config()).value();
-  ASSERT_TRUE(initiator->register_local_memory(src.data(), src.size()).is_ok());
-  ASSERT_TRUE(target->register_local_memory(dst.data(), dst.size()).is_ok());
+  EXPECT_TRUE(initiator->register_local_memory(src.data(), src.size()).is_ok());
+  EXPECT_TRUE(target->register_local_memory(dst.data(), dst.size()).is_ok());
   target->release_to_peers();
   const SegmentHandle segment = initiator->open_segment(target->segment_descriptor()).value();
   const BatchId batch = initiator->allocate_batch_id(1).value();
-  ASSERT_TRUE(
+  EXPECT_TRUE(
       initiator
           ->submit_transfer(
               batch, std::vector<TransferRequest>{{Opcode::kWrite, src.data(), segment,
                                                    reinterpret_cast<uint64_t>(dst.data()), kBytes}})
           .is_ok());
   TransferState state = TransferState::kWaiting;
-  ASSERT_TRUE(testing::poll_until(
+  EXPECT_TRUE(testing::poll_until(
       [&] {
         state = initiator->get_batch_status(batch)->state;
         return state == TransferState::kTimeout || state == TransferState::kCompleted;
       },
       10s));
-  ASSERT_EQ(state, TransferState::kTimeout) << "256 MiB in 10 ms: the case was not exercised";
+  if (state != TransferState::kTimeout) return false;  // 256 MiB in 10 ms: not exercised
   // Slices go in order on the one rail: the tail is the last to land. It
   // must not have landed yet (else the case was not exercised), and must
   // never land now.
@@ -167,10 +169,9 @@ TEST(MooncakeEngine, ATimedOutBatchLandsNothingAfterItsReport) {
   const char* tail = dst.data() + kBytes - kTail;
   target->acquire_inbound_writes();
   const std::vector<char> tail_at_report(tail, tail + kTail);
-  ASSERT_NE(std::memcmp(tail_at_report.data(), src.data() + kBytes - kTail, kTail), 0)
-      << "the whole batch had landed by its report: nothing was left to drop";
+  if (std::memcmp(tail_at_report.data(), src.data() + kBytes - kTail, kTail) == 0) return false;
   for (size_t i = 0; i < kBytes; i += 4096) {
-    ASSERT_TRUE(dst[i] == 0 || dst[i] == src[i]) << "garbage at byte " << i;
+    EXPECT_TRUE(dst[i] == 0 || dst[i] == src[i]) << "garbage at byte " << i;
   }
   const bool changed = testing::poll_until(
       [&] {
@@ -179,6 +180,16 @@ TEST(MooncakeEngine, ATimedOutBatchLandsNothingAfterItsReport) {
       },
       300ms);
   EXPECT_FALSE(changed) << "bytes of a batch reported timed out landed after the report";
+  return true;
+}
+
+TEST(MooncakeEngine, ATimedOutBatchLandsNothingAfterItsReport) {
+  bool exercised = false;
+  for (int attempt = 0; attempt < 3 && !exercised && !HasFailure(); ++attempt) {
+    exercised = timed_out_batch_lands_nothing_after_its_report();
+  }
+  EXPECT_TRUE(exercised) << "in 3 tries the whole batch landed before its report: nothing was "
+                            "left to drop";
 }
 
 // Every prefix of a real descriptor, and random bytes, are refused cleanly.
