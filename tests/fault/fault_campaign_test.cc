@@ -125,6 +125,7 @@ struct Figures {
   std::optional<int64_t> detection_ms;  // fault -> first failure
   std::optional<int64_t> recovery_ms;   // fault over -> first success after it
   std::string first_failure;            // "rank: room R: reason"
+  uint64_t late_failures = 0;           // failed more than 5 s after the fault ended
   uint64_t collateral = 0;              // failed rooms of decode-0 (untouched but for links)
   uint64_t late_landings = 0;  // SIGSTOP: rooms of the frozen rank that got bytes after failing
 };
@@ -412,11 +413,16 @@ void Trial::check(Figures& figures) {
       // room fails later than that.
       ASSERT_TRUE(figures.recovery_ms.has_value()) << "no room succeeded after the fault";
       EXPECT_LE(*figures.recovery_ms, kRecoverLimitMs);
-      // (After SIGCONT, a room the frozen rank gave up before its metadata
-      // left still fails when the prefill side's data timeout runs out.)
-      if (fault_ != Fault::kStopDecode) {
-        EXPECT_LE(failures.back().first - over_at_, kRecoverLimitMs)
-            << "a room failed long after the fault: " << failures.back().second;
+      // Later failures may only be the fault's tail: rooms the prefill
+      // worker's in-order window held up behind rooms waiting for a data
+      // timeout (limit 3 of docs/reliability.md) time out, or find their
+      // room closed. A connection lost again after healing is an error.
+      for (const auto& [at, what] : failures) {
+        if (at - over_at_ <= kRecoverLimitMs) continue;
+        ++figures.late_failures;
+        const bool tail = what.find(" within ") != std::string::npos ||
+                          what.find("used and closed already") != std::string::npos;
+        EXPECT_TRUE(tail) << "a room failed long after the fault: " << what;
       }
       return;
   }
@@ -455,6 +461,7 @@ void run_campaign(const Case& c) {
         {"recovery_ms", figures.recovery_ms ? nlohmann::json(*figures.recovery_ms) : nullptr},
         {"late_landings", figures.late_landings},
         {"collateral", figures.collateral},
+        {"late_failures", figures.late_failures},
         {"first_failure", figures.first_failure}};
     std::printf("trial %s\n", line.dump().c_str());
     if (report != nullptr) std::ofstream(report, std::ios::app) << line.dump() << "\n";
