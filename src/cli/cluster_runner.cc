@@ -249,8 +249,7 @@ ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
     }
     uint64_t done = 0;
     for (uint32_t e = 0; e < s.decode_engines; ++e) {
-      const worker::RoomShare share{e + 1, s.decode_engines};
-      done += std::min(engine_done[e], share.count(s.requests));
+      done += std::min(engine_done[e], s.decode_share(e).count(s.requests));
     }
     if (done != shown) {
       shown = done;

@@ -85,6 +85,8 @@ std::string Shape::decode_engine_id(uint32_t index) const {
   return decode_engines == 1 ? decode_engine : fmt::format("{}-{}", decode_engine, index);
 }
 
+RoomShare Shape::decode_share(uint32_t index) const { return RoomShare{index + 1, decode_engines}; }
+
 Result<uint32_t> Shape::decode_engine_index(const std::string& id) const {
   for (uint32_t i = 0; i < decode_engines; ++i) {
     if (decode_engine_id(i) == id) return i;

@@ -128,7 +128,7 @@ Status Run::configure() {
                          ? shape_.decode_engine_id(0)
                          : args_.engine_id;
     PDKV_ASSIGN_OR_RETURN(const uint32_t index, shape_.decode_engine_index(cfg_.engine_id));
-    share_ = RoomShare{index + 1, shape_.decode_engines};
+    share_ = shape_.decode_share(index);
   }
   rooms_ = share_.count(shape_.requests);
   cfg_.tp_rank = args_.tp_rank;

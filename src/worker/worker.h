@@ -17,6 +17,8 @@
 
 namespace pdkv::worker {
 
+struct RoomShare;
+
 // The model and the workload; identical for every process of one run.
 struct Shape {
   std::string backend = "nixl";
@@ -69,6 +71,8 @@ struct Shape {
   // it and the ids of this run.
   Result<uint32_t> decode_engine_index(const std::string& id) const;
   uint32_t decode_engine_of(uint64_t room) const { return (room - 1) % decode_engines; }
+  // The rooms of decode engine `index` (the inverse of decode_engine_of).
+  RoomShare decode_share(uint32_t index) const;
   // Ok, or the flag and value that cannot work.
   Status validate() const;
   KvSpec kv_spec() const;

@@ -153,11 +153,8 @@ class Trial {
   std::string engine_id(uint32_t e) const { return "decode-" + std::to_string(e); }
 
   void start_bootstrap(uint16_t port) {
-    bootstrap_ = &hosts_.start('a', {PDKV_BIN, "bootstrap", "--host", Hosts::address('a'), "--port",
-                                     std::to_string(port)});
-    const std::string first = bootstrap_->read_line(10s);
-    ASSERT_EQ(first.rfind("pdkv bootstrap listening on ", 0), 0u) << first;
-    address_ = first.substr(first.rfind(' ') + 1);
+    address_ = hosts_.start_bootstrap(port, &bootstrap_);
+    ASSERT_FALSE(address_.empty());
   }
 
   ChildProcess& worker(char host, const char* role, const std::string& engine, uint32_t rank) {

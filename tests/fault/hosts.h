@@ -85,6 +85,18 @@ class Hosts {
     processes_.push_back(std::make_unique<ChildProcess>(full, quiet));
     return *processes_.back();
   }
+  // Starts `pdkv bootstrap` on host A's first address (`port` 0: any free
+  // one) and returns its address "ip:port", or "" (the failure recorded)
+  // when it did not say it listens; `*process` is set to it when given.
+  std::string start_bootstrap(uint16_t port = 0, ChildProcess** process = nullptr) {
+    ChildProcess& boot =
+        start('a', {PDKV_BIN, "bootstrap", "--host", address('a'), "--port", std::to_string(port)});
+    if (process != nullptr) *process = &boot;
+    const std::string first = boot.read_line(std::chrono::seconds(10));
+    const bool listening = first.rfind("pdkv bootstrap listening on ", 0) == 0;
+    EXPECT_TRUE(listening) << first;
+    return listening ? first.substr(first.rfind(' ') + 1) : "";
+  }
   // A link between the hosts down or up (on A's side: no packet crosses).
   bool link(int i, bool up) {
     return sh("ip -n " + a_ + " link set fa" + std::to_string(i) + (up ? " up" : " down"));
