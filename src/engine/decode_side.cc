@@ -233,7 +233,8 @@ void DecodeSide::fail(DecodeRoom& room, const Status& reason) {
   // pages we will reuse, the others must not wait for metadata.
   for (auto& [key, source] : room.sources) {
     if (source.info == Source::Info::kWaitingForSlot) source.info = Source::Info::kNotSent;
-    if (!source.reported && !source.lost) send_abort(room, source);
+    // A lost source hears it over a fresh link: it may only have been cut off.
+    if (!source.reported) send_abort(room, source);
   }
   check_quiet(room);
 }

@@ -165,7 +165,7 @@ void DecodeSide::wake_slot_waiters() {
 }
 
 void DecodeSide::send_abort(DecodeRoom& room, Source& source) {
-  ControlLink* link = ctx_.peers.link(source.peer);
+  ControlLink* link = ctx_.peers.link_to_tell(source.peer);
   if (link == nullptr || source.abort == Source::Abort::kSending) return;
   source.abort = Source::Abort::kSending;
   proto::AbortRequest request;

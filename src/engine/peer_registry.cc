@@ -56,6 +56,17 @@ ControlLink* PeerRegistry::link(const std::string& key) {
   return it == peers_.end() ? nullptr : it->second.link.get();
 }
 
+ControlLink* PeerRegistry::link_to_tell(const std::string& key) {
+  auto it = peers_.find(key);
+  if (it == peers_.end()) return nullptr;
+  Peer& peer = it->second;
+  if (!stopped_ && !peer.lost.is_ok()) {
+    peer.recovering = true;
+    open_link(peer);
+  }
+  return peer.link.get();
+}
+
 Status PeerRegistry::health(const std::string& key) const {
   auto it = peers_.find(key);
   if (it == peers_.end()) return Status::unavailable(fmt::format("peer {} is not known", key));

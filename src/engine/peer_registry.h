@@ -8,9 +8,10 @@
 //                         every room bound to it hears of it (Hooks), the
 //                         transport connection is failed, the engine's
 //                         lookups forget its engine
-//   lost -> connecting    a room binds it again: a fresh link and, when
-//                         written to, a fresh transport connection; "recovered"
-//                         once up (a paused peer resumed, a partition healed)
+//   lost -> connecting    a room binds it again, or has news for it
+//                         (link_to_tell): a fresh link and, when written to,
+//                         a fresh transport connection; "recovered" once up
+//                         (a paused peer resumed, a partition healed)
 //   forgotten             no room bound for kIdleLinger (at once when lost):
 //                         link stopped, transport connection released
 // Work is per event: a loss visits the rooms bound to that peer only.
@@ -67,6 +68,11 @@ class PeerRegistry {
 
   // The peer's link; null when it is unknown.
   ControlLink* link(const std::string& key);
+  // The link over which to tell the peer what it must hear if it is alive
+  // (a room's failure, decided while it was cut off): its link or, after a
+  // loss, a fresh one. A partition that healed lets the message through; a
+  // dead peer refuses the fresh link, whose loss drops the message.
+  ControlLink* link_to_tell(const std::string& key);
   // Ok while the peer's link is not lost; else why.
   Status health(const std::string& key) const;
 

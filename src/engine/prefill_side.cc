@@ -317,9 +317,11 @@ bool PrefillSide::on_link_lost(RoomId id, const std::string& peer, const Status&
         dest.report == Destination::Report::kSending) {
       continue;
     }
-    dest.report = Destination::Report::kFailureSent;  // nobody to tell
     dest.abort_answers.clear();
-    needed |= !room->failure.has_value();  // a failed room only drains
+    if (dest.report == Destination::Report::kFailureSent) continue;  // told, or tried to
+    needed |= !room->failure.has_value();                            // a failed room only drains
+    // The failure is told over a fresh link once nothing of the room is on
+    // its way there: the peer may only have been cut off, and waits for it.
     fail(*room, reason);
     if ((room = find(id)) == nullptr) return true;
   }

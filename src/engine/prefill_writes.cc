@@ -199,7 +199,7 @@ void PrefillSide::report(PrefillRoom& room, Destination& dest, const Status& out
   using Report = Destination::Report;
   const bool success = outcome.is_ok();
   dest.report = success ? Report::kSending : Report::kFailureSent;
-  ControlLink* link = ctx_.peers.link(dest.peer);
+  ControlLink* link = success ? ctx_.peers.link(dest.peer) : ctx_.peers.link_to_tell(dest.peer);
   if (link == nullptr) {  // never bound to a peer: nobody to tell
     if (success) {
       dest.report = Report::kNone;
