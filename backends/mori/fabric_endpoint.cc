@@ -6,7 +6,9 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 namespace pdkv::backends::mori {
 
@@ -24,9 +26,40 @@ Endpoint::~Endpoint() {
   if (info) fi_freeinfo(info);
 }
 
+namespace {
+
+// libfabric reads av_remove_cleanup from the environment once, when it
+// initialises (the first fi_getinfo of the process): set before that, and
+// only where the operator said nothing.
+void ask_for_av_remove_cleanup() {
+  static std::once_flag once;
+  std::call_once(once, [] { setenv("FI_AV_REMOVE_CLEANUP", "1", /*overwrite=*/0); });
+}
+
+bool av_remove_cleanup() {
+  const char* v = std::getenv("FI_AV_REMOVE_CLEANUP");
+  if (v == nullptr) return false;
+  const std::string s(v);
+  return s == "1" || s == "yes" || s == "true" || s == "on" || s == "y";
+}
+
+}  // namespace
+
+bool Endpoint::can_fence() const { return provider != "shm" && av_remove_cleanup(); }
+
+bool Endpoint::fence(const std::string& peer_address) {
+  if (!can_fence()) return false;
+  // The peer's connection is found by its address whether or not this side
+  // ever inserted it: removing the address closes it.
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  if (fi_av_insert(av, peer_address.data(), 1, &addr, 0, nullptr) != 1) return false;
+  return fi_av_remove(av, &addr, 1, 0) == 0;
+}
+
 // A counter of inbound accesses (FI_RMA_EVENT) tells the progress thread that
 // peers are busy here; a provider without it is opened without.
 Status Endpoint::open(const std::string& name, const std::string& host) {
+  ask_for_av_remove_cleanup();
   provider = name;
   // Shared memory has no network address to open on.
   const std::string node = name == "shm" ? "" : host;

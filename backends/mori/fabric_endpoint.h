@@ -45,6 +45,15 @@ struct Endpoint {
   // `host` when one is given.
   Status open(const std::string& name, const std::string& host = "");
 
+  // Drops the connection the peer at `address` (fi_getname's) has to this
+  // endpoint, and with it what it had sent that did not land yet; a later
+  // write of the peer comes on a new connection. True when the provider
+  // does that: ofi_rxm when libfabric's av_remove_cleanup is on (open()
+  // turns it on unless the operator set FI_AV_REMOVE_CLEANUP); shm peers
+  // share this host, where no path can be cut.
+  bool fence(const std::string& address);
+  bool can_fence() const;
+
  private:
   Status get_info(const std::string& name, const std::string& host, uint64_t extra_caps);
   Status open_objects();

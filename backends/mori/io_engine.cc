@@ -161,6 +161,8 @@ struct IoEngine::Impl {
   void cancel_failed();
   void check_deadlines(Clock::time_point now);
   void remove_retired();
+  Result<std::pair<size_t, size_t>> endpoint_for(const EngineDesc& remote) const;
+  std::vector<std::string> provider_names() const;
   // mu held, any thread:
   void fail_transfer(Transfer& t, const Status& reason);
   void fail_peer_locked(const std::string& key, const Status& reason);
@@ -465,11 +467,13 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
 
 const EngineDesc& IoEngine::desc() const { return impl_->desc; }
 
-std::vector<std::string> IoEngine::providers() const {
+std::vector<std::string> IoEngine::Impl::provider_names() const {
   std::vector<std::string> names;
-  for (const auto& e : impl_->endpoints) names.push_back(e->provider);
+  for (const auto& e : endpoints) names.push_back(e->provider);
   return names;
 }
+
+std::vector<std::string> IoEngine::providers() const { return impl_->provider_names(); }
 
 Result<MemoryDesc> IoEngine::register_memory(void* base, uint64_t length) {
   if (base == nullptr || length == 0) return Status::invalid_argument("mori: empty buffer");
@@ -503,14 +507,14 @@ Result<MemoryDesc> IoEngine::register_memory(void* base, uint64_t length) {
   });
 }
 
-Status IoEngine::register_remote_engine(const EngineDesc& remote) {
-  // shm for a peer on this host, when both have it; else the first provider
-  // both have (tcp;ofi_rxm in auto mode).
+// The endpoint a peer is reached by, ours and its: shm for a peer on this
+// host, when both have it; else the first provider both have (tcp;ofi_rxm in
+// auto mode).
+Result<std::pair<size_t, size_t>> IoEngine::Impl::endpoint_for(const EngineDesc& remote) const {
   std::optional<size_t> local, theirs;
-  const bool same_host =
-      !impl_->host_identity.empty() && remote.host_identity == impl_->host_identity;
-  for (size_t i = 0; i < impl_->endpoints.size() && !local; ++i) {
-    const std::string& p = impl_->endpoints[i]->provider;
+  const bool same_host = !host_identity.empty() && remote.host_identity == host_identity;
+  for (size_t i = 0; i < endpoints.size() && !local; ++i) {
+    const std::string& p = endpoints[i]->provider;
     if (p == "shm" && !same_host) continue;
     for (size_t j = 0; j < remote.endpoints.size(); ++j) {
       if (remote.endpoints[j].provider == p) {
@@ -521,18 +525,23 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote) {
     }
   }
   if (!local) {
-    std::vector<std::string> ours = providers(), peer;
+    std::vector<std::string> ours = provider_names(), peer;
     for (const auto& e : remote.endpoints) peer.push_back(e.provider);
     return Status::failed_precondition(fmt::format(
         "mori engine '{}' shares no usable provider with this one (ours: {}; its: {}{})",
         remote.key, fmt::join(ours, ", "), fmt::join(peer, ", "),
         same_host ? "" : "; shm only reaches this host"));
   }
+  return std::pair{*local, *theirs};
+}
+
+Status IoEngine::register_remote_engine(const EngineDesc& remote) {
+  PDKV_ASSIGN_OR_RETURN(const auto chosen, impl_->endpoint_for(remote));
+  const auto [local, theirs] = chosen;
   return impl_->thread.run([&]() -> Status {
-    Endpoint& e = *impl_->endpoints[*local];
+    Endpoint& e = *impl_->endpoints[local];
     fi_addr_t addr = FI_ADDR_UNSPEC;
-    const int n =
-        fi_av_insert(e.av, remote.endpoints[*theirs].address.data(), 1, &addr, 0, nullptr);
+    const int n = fi_av_insert(e.av, remote.endpoints[theirs].address.data(), 1, &addr, 0, nullptr);
     if (n != 1) {
       return Status::invalid_argument(
           fmt::format("mori engine '{}': its {} address was not accepted", remote.key, e.provider));
@@ -544,12 +553,27 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote) {
       (void)fi_av_remove(impl_->endpoints[peer.endpoint]->av, &old, 1, 0);
     }
     peer.desc = remote;
-    peer.endpoint = *local;
+    peer.endpoint = local;
     peer.addr = addr;
     impl_->nonces[remote.nonce] = remote.key;
     impl_->failures.forget(remote.key);  // a new engine by that key from now on
     return Status::ok();
   });
+}
+
+bool IoEngine::fence_peer(const EngineDesc& remote) {
+  auto chosen = impl_->endpoint_for(remote);
+  if (!chosen.is_ok()) return false;
+  const auto [local, theirs] = *chosen;
+  Result<bool> fenced = impl_->thread.run([&]() -> Result<bool> {
+    return impl_->endpoints[local]->fence(remote.endpoints[theirs].address);
+  });
+  return fenced.is_ok() && *fenced;
+}
+
+bool IoEngine::can_fence() const {
+  return std::any_of(impl_->endpoints.begin(), impl_->endpoints.end(),
+                     [](const auto& e) { return e->can_fence(); });
 }
 
 Result<std::string> IoEngine::provider_for(const std::string& engine_key) const {

@@ -132,6 +132,11 @@ class IoEngine {
   // refused, and what it held here is released (its address once nothing of
   // it is with the provider, its nonce, its landed transfers).
   void fail_peer(const std::string& engine_key, const Status& reason);
+  // Target side: drops what engine `remote` had sent here that has not
+  // landed yet (its connection closes; a later write comes on a new one).
+  // False where the provider cannot (Endpoint::fence).
+  bool fence_peer(const EngineDesc& remote);
+  bool can_fence() const;
   // Called once per failed peer, on the progress thread, with no lock of
   // the engine held.
   void set_peer_failure_callback(PeerFailureCallback callback);

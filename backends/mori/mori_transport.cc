@@ -11,6 +11,7 @@
 #include <set>
 
 #include "io_engine.h"
+#include "log.h"
 #include "pdkv/transport.h"
 
 namespace pdkv::backends::mori {
@@ -68,6 +69,7 @@ class MoriTransport final : public Transport {
   TransportCapabilities capabilities() const override {
     TransportCapabilities caps;
     caps.reads = true;
+    caps.fences_inbound = engine_->can_fence();
     return caps;
   }
 
@@ -136,6 +138,15 @@ class MoriTransport final : public Transport {
                                           : BatchStatus{BatchState::kFailed, batch.error};
     batches_.erase(b);
     return end;
+  }
+
+  void fence_inbound(std::string_view peer_descriptor) override {
+    EngineDesc engine;
+    std::vector<MemoryDesc> memory;
+    if (!decode(peer_descriptor, engine, memory).is_ok()) return;
+    if (!engine_->fence_peer(engine)) {
+      logger("mori")->debug("engine '{}' not fenced: its provider cannot", engine.key);
+    }
   }
 
   void acquire_remote_writes() override { engine_->acquire_inbound_writes(); }

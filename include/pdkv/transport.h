@@ -85,8 +85,9 @@ struct TransportCapabilities {
   bool host_memory = true;
   bool cuda_memory = false;  // can register and write CUDA device memory directly
   bool hip_memory = false;
-  bool reads = false;          // one-sided reads as well as writes
-  bool notifications = false;  // write_and_notify / take_notifications
+  bool reads = false;           // one-sided reads as well as writes
+  bool notifications = false;   // write_and_notify / take_notifications
+  bool fences_inbound = false;  // fence_inbound drops a lost source's late bytes
 };
 
 // Settings a backend understands (e.g. {"rails", "4"}); unknown keys are an
@@ -168,6 +169,14 @@ class Transport {
   // flight end as failed with `reason` (once over, as above), later writes to
   // it are refused, and everything the backend kept for it is released.
   virtual void fail_peer(PeerId peer, const Status& reason) = 0;
+
+  // The receiving side's fence: the rank of `peer_descriptor`, a source of
+  // writes into this one, is lost (its rooms here fail). What it had sent
+  // that has not landed yet (bytes a cut link held back) is dropped, even if
+  // the path heals later; what it writes after this returns is a new
+  // connection's. A backend whose library offers no way to do it does
+  // nothing and says so (capabilities().fences_inbound).
+  virtual void fence_inbound(std::string_view peer_descriptor) { (void)peer_descriptor; }
 };
 
 // Backends register themselves by name at static-initialisation time

@@ -274,9 +274,13 @@ bool DecodeSide::on_link_lost(RoomId id, const std::string& peer, const Status& 
   bool owed = false;
   for (auto& [key, s] : room->sources) {
     if (s.peer != peer) continue;
-    s.lost = true;  // a dead peer writes nothing any more
     owed |= !s.reported;
   }
+  // A dead peer writes nothing any more; one that was only cut off may
+  // still have bytes on the way, which the fence drops (where the backend
+  // can: docs/reliability.md). Either way the source counts as quiet.
+  if (owed) ctx_.peers.fence_inbound(peer);
+  for (auto& [key, s] : room->sources) s.lost |= s.peer == peer;
   if (owed) {
     fail(*room, reason);
   } else {

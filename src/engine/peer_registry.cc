@@ -76,6 +76,7 @@ Status PeerRegistry::health(const std::string& key) const {
 void PeerRegistry::open_link(Peer& peer) {
   if (peer.link) peer.link->stop();
   peer.lost = Status::ok();
+  peer.fenced = false;
   const std::string key = peer.key;
   peer.link = std::make_shared<ControlLink>(
       loop_, tracker_, peer.rank.control_address(),
@@ -155,6 +156,13 @@ void PeerRegistry::on_connected(const std::string& key, uint64_t generation,
 void PeerRegistry::fail_wire(const std::string& key, const Status& reason) {
   auto it = peers_.find(key);
   if (it != peers_.end()) drop_wire(it->second, reason);
+}
+
+void PeerRegistry::fence_inbound(const std::string& key) {
+  auto it = peers_.find(key);
+  if (it == peers_.end() || it->second.lost.is_ok() || it->second.fenced) return;
+  it->second.fenced = true;
+  transport_.fence_inbound(it->second.rank.transport_descriptor());
 }
 
 void PeerRegistry::drop_wire(Peer& peer, const Status& reason) {

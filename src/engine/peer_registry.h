@@ -82,6 +82,9 @@ class PeerRegistry {
   // Fails the transport connection (its batches in flight end as failed);
   // the next wire() connects afresh.
   void fail_wire(const std::string& key, const Status& reason);
+  // Receiving side, for a lost peer that wrote into this rank: nothing more
+  // of what it sent lands here (Transport::fence_inbound), once per loss.
+  void fence_inbound(const std::string& key);
   // The backend reported transport peer `id` failed (posted by the engine).
   void on_transport_failed(PeerId id, const Status& reason);
 
@@ -96,6 +99,7 @@ class PeerRegistry {
     std::shared_ptr<ControlLink> link;
     Status lost;  // ok unless the link was lost
     bool recovering = false;
+    bool fenced = false;  // since the last loss
     enum class Wire { kNone, kConnecting, kReady } wire = Wire::kNone;
     PeerId transport_peer = 0;
     uint64_t connect_generation = 0;

@@ -89,8 +89,7 @@ std::vector<Path> network_paths() {
 // fence a peer's inbound traffic, these cases are run on demand only
 // (--gtest_also_run_disabled_tests).
 bool known_defect(const Path& p, Fault f) {
-  return (f == Fault::kLinkDown || f == Fault::kDataBlackhole) &&
-         (p.backend == "nixl" || p.backend == "mori");
+  return (f == Fault::kLinkDown || f == Fault::kDataBlackhole) && p.backend == "nixl";
 }
 
 std::vector<Case> cases(bool defects) {
