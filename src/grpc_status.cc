@@ -87,4 +87,17 @@ Status check_protocol_version(uint32_t peer_version) {
                   peer_version, static_cast<int>(proto::PROTOCOL_VERSION_CURRENT)));
 }
 
+bool is_definitive(const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return false;
+    default:
+      return true;
+  }
+}
+
 }  // namespace pdkv

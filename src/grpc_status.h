@@ -12,6 +12,11 @@ grpc::Status to_grpc(const Status& status);
 // `context` says which call failed ("bootstrap 127.0.0.1:5000 GetTopology").
 Status from_grpc(const grpc::Status& status, const std::string& context);
 
+// Whether a call's outcome says what the peer did. UNAVAILABLE,
+// DEADLINE_EXCEEDED, CANCELLED (and UNKNOWN, RESOURCE_EXHAUSTED) may mean
+// that the request never arrived, or that its reply was lost.
+bool is_definitive(const grpc::Status& status);
+
 // FAILED_PRECONDITION naming both versions, or ok when `peer_version` is ours.
 Status check_protocol_version(uint32_t peer_version);
 

@@ -197,6 +197,20 @@ void NixlTransport::peer_failed(PeerId id, const Status& reason) {
   finish_closes(/*all=*/false);  // a stage that completed at once moves on now
 }
 
+void NixlTransport::fence_source(std::string_view worker_address) {
+  // Created and closed in one go, with no progress between: an endpoint
+  // that matched nothing has sent nothing yet (its wireup waits for its
+  // connection), so it leaves the source nothing to adopt later.
+  Closing closing;
+  closing.reason = Status::aborted("fenced");
+  closing.wire.error_arg = std::make_unique<ErrorArg>(ErrorArg{this, 0});  // peer 0: none
+  const ucp_ep_params_t ep = endpoint_params(worker_address, closing.wire.error_arg.get());
+  if (ucp_ep_create(worker_, &ep, &closing.wire.ep) != UCS_OK) return;
+  closing_.push_back(std::move(closing));
+  start_close(closing_.back());
+  finish_closes(/*all=*/false);
+}
+
 void NixlTransport::start_drain(Closing& closing) {
   closing.stage = Closing::Stage::kDraining;
   closing.give_up = std::chrono::steady_clock::now() + kDrainLimit;

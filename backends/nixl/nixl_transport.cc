@@ -110,6 +110,7 @@ Status NixlTransport::init() {
     caps_.hip_memory = attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_ROCM);
   }
   caps_.notifications = true;
+  caps_.fences_inbound = peer_error_handling_;
   caps_.reads = true;  // ucp_get_nbx; the same flush completes them
 
   ucp_worker_params_t wp{};
@@ -258,6 +259,18 @@ std::string NixlTransport::descriptor() const {
   return w.take();
 }
 
+ucp_ep_params_t NixlTransport::endpoint_params(std::string_view worker_address,
+                                               ErrorArg* error_arg) const {
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
+  ep.err_mode = peer_error_handling_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  ep.err_handler.cb = &NixlTransport::on_peer_error;
+  ep.err_handler.arg = error_arg;
+  return ep;
+}
+
 Result<PeerId> NixlTransport::connect(std::string_view desc) {
   ByteReader r(desc);
   std::string_view magic, address;
@@ -285,13 +298,7 @@ Result<PeerId> NixlTransport::connect(std::string_view desc) {
     }
     Wire wire;
     wire.error_arg = std::make_unique<ErrorArg>(ErrorArg{this, id});
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
-    ep.err_mode = peer_error_handling_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
-    ep.err_handler.cb = &NixlTransport::on_peer_error;
-    ep.err_handler.arg = wire.error_arg.get();
+    const ucp_ep_params_t ep = endpoint_params(address, wire.error_arg.get());
     ucs_status_t st = ucp_ep_create(worker_, &ep, &wire.ep);
     if (st != UCS_OK) return ucx_error("ucp_ep_create", st);
     PeerEntry entry;
@@ -350,6 +357,17 @@ void NixlTransport::fail_peer(PeerId peer, const Status& reason) {
   }
   (void)thread_.run([&] {
     peer_failed(peer, why);
+    return Status::ok();
+  });
+}
+
+void NixlTransport::fence_inbound(std::string_view desc) {
+  if (!caps_.fences_inbound) return;
+  ByteReader r(desc);
+  std::string_view magic, address;
+  if (!r.bytes(magic) || magic != kMagic || !r.bytes(address)) return;
+  (void)thread_.run([&] {
+    fence_source(address);
     return Status::ok();
   });
 }

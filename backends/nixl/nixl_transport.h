@@ -76,6 +76,12 @@ class NixlTransport final : public Transport {
   std::vector<std::string> take_notifications() override;
   void set_peer_failure_callback(PeerFailureCallback callback) override;
   void fail_peer(PeerId peer, const Status& reason) override;
+  // The receiver's fence (docs/backends.md, "UCX over TCP"): the endpoint
+  // UCX made here for the source's is adopted (a ucp_ep_create to the
+  // source's worker address matches it) and force-closed, which releases its
+  // id, so that the source's emulated puts that arrive later are dropped.
+  // PEER error handling only (a forced close); none otherwise.
+  void fence_inbound(std::string_view peer_descriptor) override;
 
   // A failed peer's endpoint is first drained (flushed: what was handed to
   // UCX lands, or the endpoint fails), for at most kDrainLimit, then closed,
@@ -155,6 +161,9 @@ class NixlTransport final : public Transport {
   void notified(BatchId id, ucs_status_t status);
   void end_batch(BatchId id, BatchStatus status);
   void peer_failed(PeerId id, const Status& reason);
+  void fence_source(std::string_view worker_address);
+  // An endpoint to `worker_address` in this transport's error handling.
+  ucp_ep_params_t endpoint_params(std::string_view worker_address, ErrorArg* error_arg) const;
   void start_drain(Closing& closing);
   void start_close(Closing& closing);
   // Moves every closing endpoint on; `all`: now, the thread is gone.

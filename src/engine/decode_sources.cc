@@ -10,21 +10,6 @@
 namespace pdkv::engine {
 namespace {
 
-// An answer that says what the peer did. UNAVAILABLE, DEADLINE_EXCEEDED or
-// CANCELLED may mean the request never arrived, or that its reply was lost.
-bool definitive(const grpc::Status& s) {
-  switch (s.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-    case grpc::StatusCode::CANCELLED:
-    case grpc::StatusCode::UNKNOWN:
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return false;
-    default:
-      return true;
-  }
-}
-
 constexpr auto kMaxAbortBackoff = std::chrono::milliseconds(1000);
 
 }  // namespace
@@ -71,7 +56,7 @@ void DecodeSide::on_info_reply(RoomId id, RankKey key, const grpc::Status& s) {
   // A definitive refusal means the source will not write; anything else
   // (a timeout, a lost reply) may hide an acceptance: the room fails, and
   // is quiet only once the source answers the abort or is lost.
-  source.info = s.ok() || !definitive(s) ? Source::Info::kAccepted : Source::Info::kRefused;
+  source.info = s.ok() || !is_definitive(s) ? Source::Info::kAccepted : Source::Info::kRefused;
   if (!s.ok()) {
     fail(*room,
          from_grpc(s, fmt::format("room {}: {} refused the metadata", id, describe(source.rank))));
@@ -188,7 +173,7 @@ void DecodeSide::on_abort_reply(RoomId id, RankKey key, const grpc::Status& s) {
   if (room == nullptr) return;
   Source& source = room->sources.at(key);
   source.abort = Source::Abort::kNone;
-  if (s.ok() || definitive(s)) {
+  if (s.ok() || is_definitive(s)) {
     source.abort = Source::Abort::kAcked;  // nothing of the room is in flight from it
   } else if (!source.quiet() && ctx_.peers.health(source.peer).is_ok()) {
     // Alive but not answering in time: ask again, until it answers or is lost.

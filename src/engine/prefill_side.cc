@@ -295,7 +295,9 @@ void PrefillSide::maybe_erase(PrefillRoom& room) {
   const bool ended = room.failure || room.succeeded;
   if (!ended || room.handle || room.lookup_pending || !(room.closed || room.expired)) return;
   for (const auto& [key, dest] : room.dests) {
-    if (dest.batches > 0 || dest.report == Destination::Report::kSending) return;
+    if (dest.batches > 0 || dest.report == Destination::Report::kSending || dest.notice_in_flight) {
+      return;
+    }
   }
   for (const auto& [key, dest] : room.dests) ctx_.peers.detach(dest.peer, room.id);
   ctx_.loop.cancel(room.deadline);

@@ -76,6 +76,10 @@ class PrefillSide {
     std::optional<uint64_t> gather_slot;
     bool waiting_for_gather = false;
     enum class Report { kNone, kSending, kAcked, kFailureSent } report = Report::kNone;
+    // A failure notice on its way (the room waits for it), and how many
+    // were sent: one whose link was lost is sent again, kNoticeTries in all.
+    bool notice_in_flight = false;
+    uint32_t notice_tries = 0;
     bool aborted = false;                  // by the decode rank: nothing more to it
     std::vector<AnswerPtr> abort_answers;  // sent once no batch is in flight
   };
@@ -149,6 +153,8 @@ class PrefillSide {
   void release_gather(Destination& dest);
   void wake_gather_waiters();
   void report(PrefillRoom& room, Destination& dest, const Status& outcome);
+  void on_notice_reply(PrefillRoom& room, Destination& dest, const grpc::Status& s);
+  static constexpr uint32_t kNoticeTries = 3;
   void on_drain_timeout(RoomId room);
   bool complete(const PrefillRoom& room, const Destination& dest) const;
 

@@ -218,11 +218,16 @@ void PrefillSide::report(PrefillRoom& room, Destination& dest, const Status& out
   msg.set_bytes(dest.bytes);
   const RoomId id = room.id;
   const RankKey key = dest.key;
+  if (!success) {
+    dest.notice_in_flight = true;
+    ++dest.notice_tries;
+  }
   link->report_status(
       std::move(msg), kControlCallTimeout, [this, id, key, success](const grpc::Status& s) {
         PrefillRoom* r = find(id);
-        if (r == nullptr || !success) return;  // failure notices: best effort
+        if (r == nullptr) return;
         Destination& d = r->dests.at(key);
+        if (!success) return on_notice_reply(*r, d, s);
         if (d.report != Report::kSending) return;
         if (s.ok()) {
           d.report = Report::kAcked;
@@ -232,6 +237,16 @@ void PrefillSide::report(PrefillRoom& room, Destination& dest, const Status& out
         fail(*r,
              from_grpc(s, fmt::format("room {}: reporting success to {}", id, describe(d.rank))));
       });
+}
+
+void PrefillSide::on_notice_reply(PrefillRoom& room, Destination& dest, const grpc::Status& s) {
+  dest.notice_in_flight = false;
+  // Lost on the way (its link died: the peer may be cut off still, or again
+  // as it came back): told again over a fresh link, a few times at most.
+  if (!s.ok() && !is_definitive(s) && dest.notice_tries < kNoticeTries && room.failure) {
+    return report(room, dest, *room.failure);
+  }
+  maybe_erase(room);
 }
 
 void PrefillSide::on_drain_timeout(RoomId id) {
