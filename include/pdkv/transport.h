@@ -171,7 +171,8 @@ class Transport {
   virtual void fail_peer(PeerId peer, const Status& reason) = 0;
 
   // The receiving side's fence: the rank of `peer_descriptor`, a source of
-  // writes into this one, is lost (its rooms here fail). What it had sent
+  // writes into this one, is lost, or said that writes of its to this rank
+  // failed part-way (its rooms here fail). What it had sent
   // that has not landed yet (bytes a cut link held back) is dropped, even if
   // the path heals later; what it writes after this returns is a new
   // connection's. A backend whose library offers no way to do it does

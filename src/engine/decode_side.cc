@@ -173,6 +173,9 @@ void DecodeSide::on_room_status(const proto::RoomStatus& status, AnswerPtr answe
     return check_quiet(*room);
   }
   if (!status.success()) {
+    // Bytes of a batch the source gave up on may trail: dropped before the
+    // room's pages are given back.
+    if (status.writes_cut()) ctx_.peers.fence_inbound(source.peer, status.cut_connection());
     answer->send(Status::ok());
     const auto code = static_cast<StatusCode>(status.code());
     return fail(*room, Status(code == StatusCode::kOk ? StatusCode::kInternal : code,

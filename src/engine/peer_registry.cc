@@ -158,11 +158,21 @@ void PeerRegistry::fail_wire(const std::string& key, const Status& reason) {
   if (it != peers_.end()) drop_wire(it->second, reason);
 }
 
-void PeerRegistry::fence_inbound(const std::string& key) {
+void PeerRegistry::fence_inbound(const std::string& key, std::optional<uint64_t> cut) {
   auto it = peers_.find(key);
-  if (it == peers_.end() || it->second.lost.is_ok() || it->second.fenced) return;
-  it->second.fenced = true;
-  transport_.fence_inbound(it->second.rank.transport_descriptor());
+  if (it == peers_.end()) return;
+  Peer& peer = it->second;
+  if (!cut) {
+    if (peer.lost.is_ok() || peer.fenced) return;
+    peer.fenced = true;
+  } else {
+    if (peer.fenced_cut == cut) return;
+    peer.fenced_cut = cut;
+  }
+  logger("engine")->info("fencing {}: {}", describe(peer.rank),
+                         cut ? fmt::format("it cut its writes here (its connection {})", *cut)
+                             : "its control connection was lost");
+  transport_.fence_inbound(peer.rank.transport_descriptor());
 }
 
 void PeerRegistry::drop_wire(Peer& peer, const Status& reason) {

@@ -82,9 +82,11 @@ class PeerRegistry {
   // Fails the transport connection (its batches in flight end as failed);
   // the next wire() connects afresh.
   void fail_wire(const std::string& key, const Status& reason);
-  // Receiving side, for a lost peer that wrote into this rank: nothing more
-  // of what it sent lands here (Transport::fence_inbound), once per loss.
-  void fence_inbound(const std::string& key);
+  // Receiving side, for a peer that wrote into this rank: nothing more of
+  // what it sent lands here (Transport::fence_inbound). Once per loss (no
+  // `cut`), or once per transport connection the peer reports it cut its
+  // writes on (`cut`: the peer's id of that connection).
+  void fence_inbound(const std::string& key, std::optional<uint64_t> cut = std::nullopt);
   // The backend reported transport peer `id` failed (posted by the engine).
   void on_transport_failed(PeerId id, const Status& reason);
 
@@ -99,7 +101,8 @@ class PeerRegistry {
     std::shared_ptr<ControlLink> link;
     Status lost;  // ok unless the link was lost
     bool recovering = false;
-    bool fenced = false;  // since the last loss
+    bool fenced = false;                 // since the last loss
+    std::optional<uint64_t> fenced_cut;  // the last connection fenced on the peer's word
     enum class Wire { kNone, kConnecting, kReady } wire = Wire::kNone;
     PeerId transport_peer = 0;
     uint64_t connect_generation = 0;

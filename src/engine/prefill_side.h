@@ -80,6 +80,9 @@ class PrefillSide {
     // were sent: one whose link was lost is sent again, kNoticeTries in all.
     bool notice_in_flight = false;
     uint32_t notice_tries = 0;
+    // The transport connection a failed batch to this rank went on, if one
+    // did: bytes of it may still be on their way (RoomStatus.cut_connection).
+    std::optional<PeerId> cut_connection;
     bool aborted = false;                  // by the decode rank: nothing more to it
     std::vector<AnswerPtr> abort_answers;  // sent once no batch is in flight
   };
@@ -149,7 +152,7 @@ class PrefillSide {
   Status post_kv_direct(PrefillRoom& room, Destination& dest, std::vector<WriteOp>& ops);
   Result<bool> post_kv_staged(PrefillRoom& room, Destination& dest, std::vector<WriteOp>& ops);
   void add_extras(const PrefillRoom& room, const Destination& dest, std::vector<WriteOp>& ops);
-  void on_batch_end(RoomId room, RankKey dest, const BatchStatus& status);
+  void on_batch_end(RoomId room, RankKey dest, PeerId connection, const BatchStatus& status);
   void release_gather(Destination& dest);
   void wake_gather_waiters();
   void report(PrefillRoom& room, Destination& dest, const Status& outcome);

@@ -50,7 +50,9 @@ Status PrefillSide::post_writes(PrefillRoom& room, Destination& dest) {
   if (!room.first_post) room.first_post = Clock::now();
   const RoomId id = room.id;
   const RankKey key = dest.key;
-  batches_.add(*batch, [this, id, key](const BatchStatus& st) { on_batch_end(id, key, st); });
+  batches_.add(*batch, [this, id, key, connection = *wire](const BatchStatus& st) {
+    on_batch_end(id, key, connection, st);
+  });
   return Status::ok();
 }
 
@@ -159,7 +161,8 @@ void PrefillSide::add_extras(const PrefillRoom& room, const Destination& dest,
   }
 }
 
-void PrefillSide::on_batch_end(RoomId id, RankKey key, const BatchStatus& status) {
+void PrefillSide::on_batch_end(RoomId id, RankKey key, PeerId connection,
+                               const BatchStatus& status) {
   --ctx_.counters.batches_in_flight;
   PrefillRoom* room = find(id);
   if (room == nullptr) return;  // never: a room with batches in flight is kept
@@ -168,7 +171,9 @@ void PrefillSide::on_batch_end(RoomId id, RankKey key, const BatchStatus& status
   // The gathered block has left: its slot is free again.
   if (dest.batches == 0 && dest.extras_written) release_gather(dest);
   if (status.state == BatchState::kFailed) {
-    // The bytes of this route never all arrived: the room fails, at both ends.
+    // The bytes of this route never all arrived: the room fails, at both
+    // ends, and the receiver fences what may trail.
+    dest.cut_connection = connection;
     return fail(*room, status.error.with_context(
                            fmt::format("room {}: write to {}", id, describe(dest.rank))));
   }
@@ -216,6 +221,10 @@ void PrefillSide::report(PrefillRoom& room, Destination& dest, const Status& out
   msg.set_reason(outcome.message());
   msg.set_code(static_cast<uint32_t>(outcome.code()));
   msg.set_bytes(dest.bytes);
+  if (!success && dest.cut_connection) {
+    msg.set_writes_cut(true);
+    msg.set_cut_connection(*dest.cut_connection);
+  }
   const RoomId id = room.id;
   const RankKey key = dest.key;
   if (!success) {

@@ -79,25 +79,12 @@ std::vector<Path> network_paths() {
   return paths;
 }
 
-// A known defect (docs/reliability.md, item 1): with the data link alone
-// cut, the control connections stay up and nobody is lost, so no receiver
-// fences its sources; the prefill side fails its batches by the transfer
-// timeout and reports, but UCX's and libfabric's TCP connections still hold
-// what they had sent, and the kernel delivers it once the link is back,
-// into pages of rooms already reported failed (2 of 20 mori trials; nixl
-// passed 6 of 6). mooncake resets its own sockets, which drops them. Until
-// a source that cut its writes asks the receiver to fence it, these cases
-// are run on demand only (--gtest_also_run_disabled_tests).
-bool known_defect(const Path& p, Fault f) {
-  return f == Fault::kDataBlackhole && (p.backend == "nixl" || p.backend == "mori");
-}
-
-std::vector<Case> cases(bool defects) {
+std::vector<Case> cases() {
   std::vector<Case> out;
   for (const Path& p : network_paths()) {
     for (Fault f : {Fault::kKillPrefill, Fault::kKillDecode, Fault::kStopDecode, Fault::kLinkDown,
                     Fault::kDataBlackhole, Fault::kBootstrap}) {
-      if (known_defect(p, f) == defects) out.push_back({p, f});
+      out.push_back({p, f});
     }
   }
   return out;
@@ -474,13 +461,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 
 class FaultCampaign : public ::testing::TestWithParam<Case> {};
 TEST_P(FaultCampaign, FailsNamedThenHealsAndNeverLiesAboutBytes) { run_campaign(GetParam()); }
-INSTANTIATE_TEST_SUITE_P(Campaign, FaultCampaign, ::testing::ValuesIn(cases(false)), case_name);
-
-class KnownDefect : public ::testing::TestWithParam<Case> {};
-TEST_P(KnownDefect, DISABLED_FailsNamedThenHealsAndNeverLiesAboutBytes) {
-  run_campaign(GetParam());
-}
-INSTANTIATE_TEST_SUITE_P(Campaign, KnownDefect, ::testing::ValuesIn(cases(true)), case_name);
+INSTANTIATE_TEST_SUITE_P(Campaign, FaultCampaign, ::testing::ValuesIn(cases()), case_name);
 
 }  // namespace
 }  // namespace pdkv
