@@ -65,6 +65,12 @@ class MoriTransport final : public Transport {
     });
   }
 
+  // The engine's progress thread calls back into this object (the peer
+  // failure callback above): the engine goes first, while every member it
+  // touches is still alive. (Members go in reverse order of declaration,
+  // which would take the peer tables first; a campaign run saw that crash.)
+  ~MoriTransport() override { engine_.reset(); }
+
   std::string_view name() const override { return "mori"; }
   TransportCapabilities capabilities() const override {
     TransportCapabilities caps;
