@@ -45,10 +45,8 @@ bool av_remove_cleanup() {
 
 }  // namespace
 
-bool Endpoint::can_fence() const { return provider != "shm" && av_remove_cleanup(); }
-
 bool Endpoint::fence(const std::string& peer_address) {
-  if (!can_fence()) return false;
+  if (!can_fence) return false;
   // The peer's connection is found by its address whether or not this side
   // ever inserted it: removing the address closes it.
   fi_addr_t addr = FI_ADDR_UNSPEC;
@@ -61,6 +59,7 @@ bool Endpoint::fence(const std::string& peer_address) {
 Status Endpoint::open(const std::string& name, const std::string& host) {
   ask_for_av_remove_cleanup();
   provider = name;
+  can_fence = name != "shm" && av_remove_cleanup();
   // Shared memory has no network address to open on.
   const std::string node = name == "shm" ? "" : host;
   Status with_events = get_info(name, node, FI_RMA_EVENT);

@@ -52,7 +52,7 @@ struct Endpoint {
   // turns it on unless the operator set FI_AV_REMOVE_CLEANUP); shm peers
   // share this host, where no path can be cut.
   bool fence(const std::string& address);
-  bool can_fence() const;
+  bool can_fence = false;  // decided by open(), as libfabric reads its setting then
 
  private:
   Status get_info(const std::string& name, const std::string& host, uint64_t extra_caps);

@@ -573,7 +573,7 @@ bool IoEngine::fence_peer(const EngineDesc& remote) {
 
 bool IoEngine::can_fence() const {
   return std::any_of(impl_->endpoints.begin(), impl_->endpoints.end(),
-                     [](const auto& e) { return e->can_fence(); });
+                     [](const auto& e) { return e->can_fence; });
 }
 
 Result<std::string> IoEngine::provider_for(const std::string& engine_key) const {

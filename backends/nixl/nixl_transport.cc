@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <optional>
 
 #include "byte_codec.h"
 #include "log.h"
@@ -34,6 +35,14 @@ bool network_transports_only(const char* tls) {
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
   }
   return true;
+}
+
+// A descriptor's header: the magic, then the worker address (returned, a
+// view into `r`'s bytes); nullopt when it is not a nixl descriptor.
+std::optional<std::string_view> read_worker_address(ByteReader& r) {
+  std::string_view magic, address;
+  if (!r.bytes(magic) || magic != kMagic || !r.bytes(address)) return std::nullopt;
+  return address;
 }
 
 }  // namespace
@@ -273,10 +282,9 @@ ucp_ep_params_t NixlTransport::endpoint_params(std::string_view worker_address,
 
 Result<PeerId> NixlTransport::connect(std::string_view desc) {
   ByteReader r(desc);
-  std::string_view magic, address;
+  const std::optional<std::string_view> header = read_worker_address(r);
   uint64_t count = 0;
-  if (!r.bytes(magic) || magic != kMagic || !r.bytes(address) || !r.u64(count) ||
-      count > (1u << 20)) {
+  if (!header || !r.u64(count) || count > (1u << 20)) {
     return Status::invalid_argument(
         fmt::format("not a nixl descriptor ({} bytes): bad header", desc.size()));
   }
@@ -290,6 +298,7 @@ Result<PeerId> NixlTransport::connect(std::string_view desc) {
       return Status::invalid_argument("nixl descriptor truncated in its region table");
     }
   }
+  const std::string_view address = *header;
   return thread_.run([&]() -> Result<PeerId> {
     PeerId id;
     {
@@ -364,10 +373,10 @@ void NixlTransport::fail_peer(PeerId peer, const Status& reason) {
 void NixlTransport::fence_inbound(std::string_view desc) {
   if (!caps_.fences_inbound) return;
   ByteReader r(desc);
-  std::string_view magic, address;
-  if (!r.bytes(magic) || magic != kMagic || !r.bytes(address)) return;
+  const std::optional<std::string_view> address = read_worker_address(r);
+  if (!address) return;
   (void)thread_.run([&] {
-    fence_source(address);
+    fence_source(*address);
     return Status::ok();
   });
 }

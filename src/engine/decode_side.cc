@@ -277,14 +277,13 @@ bool DecodeSide::on_link_lost(RoomId id, const std::string& peer, const Status& 
   bool owed = false;
   for (auto& [key, s] : room->sources) {
     if (s.peer != peer) continue;
+    s.lost = true;  // quiet: a dead peer writes nothing, a cut-off one is fenced
     owed |= !s.reported;
   }
-  // A dead peer writes nothing any more; one that was only cut off may
-  // still have bytes on the way, which the fence drops (where the backend
-  // can: docs/reliability.md). Either way the source counts as quiet.
-  if (owed) ctx_.peers.fence_inbound(peer);
-  for (auto& [key, s] : room->sources) s.lost |= s.peer == peer;
   if (owed) {
+    // A peer that was only cut off may still have bytes on the way: dropped
+    // before the room reports (where the backend can: docs/reliability.md).
+    ctx_.peers.fence_inbound(peer);
     fail(*room, reason);
   } else {
     check_quiet(*room);

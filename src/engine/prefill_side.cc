@@ -295,7 +295,8 @@ void PrefillSide::maybe_erase(PrefillRoom& room) {
   const bool ended = room.failure || room.succeeded;
   if (!ended || room.handle || room.lookup_pending || !(room.closed || room.expired)) return;
   for (const auto& [key, dest] : room.dests) {
-    if (dest.batches > 0 || dest.report == Destination::Report::kSending || dest.notice_in_flight) {
+    if (dest.batches > 0 || dest.report == Destination::Report::kSending ||
+        dest.report == Destination::Report::kFailureSending) {
       return;
     }
   }
@@ -320,8 +321,8 @@ bool PrefillSide::on_link_lost(RoomId id, const std::string& peer, const Status&
       continue;
     }
     dest.abort_answers.clear();
-    if (dest.report == Destination::Report::kFailureSent) continue;  // told, or tried to
-    needed |= !room->failure.has_value();                            // a failed room only drains
+    if (dest.report != Destination::Report::kNone) continue;  // told, or being told
+    needed |= !room->failure.has_value();                     // a failed room only drains
     // The failure is told over a fresh link once nothing of the room is on
     // its way there: the peer may only have been cut off, and waits for it.
     fail(*room, reason);

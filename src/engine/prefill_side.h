@@ -75,10 +75,15 @@ class PrefillSide {
     uint32_t batches = 0;  // in flight
     std::optional<uint64_t> gather_slot;
     bool waiting_for_gather = false;
-    enum class Report { kNone, kSending, kAcked, kFailureSent } report = Report::kNone;
-    // A failure notice on its way (the room waits for it), and how many
-    // were sent: one whose link was lost is sent again, kNoticeTries in all.
-    bool notice_in_flight = false;
+    // A failure notice on its way (kFailureSending) holds the room; one
+    // whose link was lost is sent again, kNoticeTries in all.
+    enum class Report {
+      kNone,
+      kSending,
+      kAcked,
+      kFailureSending,
+      kFailureSent
+    } report = Report::kNone;
     uint32_t notice_tries = 0;
     // The transport connection a failed batch to this rank went on, if one
     // did: bytes of it may still be on their way (RoomStatus.cut_connection).

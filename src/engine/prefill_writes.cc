@@ -203,15 +203,16 @@ void PrefillSide::wake_gather_waiters() {
 void PrefillSide::report(PrefillRoom& room, Destination& dest, const Status& outcome) {
   using Report = Destination::Report;
   const bool success = outcome.is_ok();
-  dest.report = success ? Report::kSending : Report::kFailureSent;
+  dest.report = success ? Report::kSending : Report::kFailureSending;
   ControlLink* link = success ? ctx_.peers.link(dest.peer) : ctx_.peers.link_to_tell(dest.peer);
   if (link == nullptr) {  // never bound to a peer: nobody to tell
-    if (success) {
-      dest.report = Report::kNone;
-      fail(room, Status::internal(
-                     fmt::format("room {}: no control link to {}", room.id, describe(dest.rank))));
+    if (!success) {
+      dest.report = Report::kFailureSent;
+      return;
     }
-    return;
+    dest.report = Report::kNone;
+    return fail(room, Status::internal(fmt::format("room {}: no control link to {}", room.id,
+                                                   describe(dest.rank))));
   }
   proto::RoomStatus msg;
   msg.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
@@ -227,10 +228,7 @@ void PrefillSide::report(PrefillRoom& room, Destination& dest, const Status& out
   }
   const RoomId id = room.id;
   const RankKey key = dest.key;
-  if (!success) {
-    dest.notice_in_flight = true;
-    ++dest.notice_tries;
-  }
+  if (!success) ++dest.notice_tries;
   link->report_status(
       std::move(msg), kControlCallTimeout, [this, id, key, success](const grpc::Status& s) {
         PrefillRoom* r = find(id);
@@ -249,7 +247,7 @@ void PrefillSide::report(PrefillRoom& room, Destination& dest, const Status& out
 }
 
 void PrefillSide::on_notice_reply(PrefillRoom& room, Destination& dest, const grpc::Status& s) {
-  dest.notice_in_flight = false;
+  dest.report = Destination::Report::kFailureSent;
   // Lost on the way (its link died: the peer may be cut off still, or again
   // as it came back): told again over a fresh link, a few times at most.
   if (!s.ok() && !is_definitive(s) && dest.notice_tries < kNoticeTries && room.failure) {
