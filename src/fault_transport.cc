@@ -93,6 +93,9 @@ class FaultInjectingTransport final : public Transport {
     }
     real_->fail_peer(peer, reason);
   }
+  void fence_inbound(std::string_view peer_descriptor) override {
+    real_->fence_inbound(peer_descriptor);
+  }
 
  private:
   enum class Kind { kWrite, kRead, kWriteNotify };
@@ -207,10 +210,12 @@ class FaultInjectingTransport final : public Transport {
       case Fate::kFail: {
         uint64_t moved = 0;
         for (const WriteOp& op : b->ops) moved += op.length;
+        // The real transport finished what was posted: nothing trails.
         return {BatchState::kFailed,
                 Status::internal(
                     fmt::format("injected fault (fail_batch): batch failed after {} of {} bytes",
-                                moved, b->bytes))};
+                                moved, b->bytes)),
+                /*may_trail=*/false};
       }
     }
     return {};

@@ -48,8 +48,10 @@ Result<BatchId> NixlTransport::submit(PeerId peer_id, std::span<const WriteOp> o
 }
 
 bool NixlTransport::progress() {
+  // A bounded pass: under a steady stream of arrivals the queued tasks (a
+  // fence, new batches) still get their turn between passes.
   unsigned events = 0;
-  while (ucp_worker_progress(worker_) != 0) ++events;
+  for (int i = 0; i < kProgressCallsPerPass && ucp_worker_progress(worker_) != 0; ++i) ++events;
   // What UCX's callbacks recorded, acted on now that UCX has returned.
   // Failed peers first: their batches then end with the peer's reason.
   auto errored = std::exchange(peers_errored_, {});
@@ -66,8 +68,13 @@ bool NixlTransport::progress() {
     pending_.erase(id);  // UCX is done with the payload
     notified(id, status);
   }
+  auto answers = std::exchange(answers_, {});
+  for (const Answer& a : answers) answered(a);
+  auto sent = std::exchange(messages_sent_, {});
+  for (Pending* p : sent) message_sent(p);
   if (!closing_.empty()) finish_closes(/*all=*/false);
-  return events > 0 || !errored.empty() || !flushes.empty() || !notes.empty();
+  return events > 0 || !errored.empty() || !flushes.empty() || !notes.empty() || !answers.empty() ||
+         !sent.empty();
 }
 
 bool NixlTransport::busy() const {
@@ -86,8 +93,13 @@ void NixlTransport::start_batch(BatchId id, std::vector<WriteOp> ops, Direction 
   }
   auto w = wires_.find(peer);
   if (w == wires_.end()) return;  // the peer failed meanwhile; its close ends the batch
+  if (direction == Direction::kWrite && data_path_ == DataPath::kMessage) {
+    return send_messages(id, peer, ops);
+  }
   Wire& wire = w->second;
-  auto pending = std::make_unique<Pending>(Pending{this, id, {}, {}});
+  auto pending = std::make_unique<Pending>();
+  pending->self = this;
+  pending->batch = id;
   ucp_request_param_t none{};
   for (const WriteOp& op : ops) {
     // regions_ grows only on this thread: read without mu_.
@@ -139,7 +151,10 @@ void NixlTransport::flushed(Pending& flush, ucs_status_t status) {
   if (w == wires_.end()) return;  // the peer failed meanwhile; its close ends the batch
   // After the flush: the peer sees the notification only once the bytes are
   // there. The payload stays alive (pending_) until UCX says it is done.
-  auto pending = std::make_unique<Pending>(Pending{this, id, std::move(note), {}});
+  auto pending = std::make_unique<Pending>();
+  pending->self = this;
+  pending->batch = id;
+  pending->payload = std::move(note);
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -195,20 +210,6 @@ void NixlTransport::peer_failed(PeerId id, const Status& reason) {
   closing_.push_back(std::move(closing));
   start_drain(closing_.back());
   finish_closes(/*all=*/false);  // a stage that completed at once moves on now
-}
-
-void NixlTransport::fence_source(std::string_view worker_address) {
-  // Created and closed in one go, with no progress between: an endpoint
-  // that matched nothing has sent nothing yet (its wireup waits for its
-  // connection), so it leaves the source nothing to adopt later.
-  Closing closing;
-  closing.reason = Status::aborted("fenced");
-  closing.wire.error_arg = std::make_unique<ErrorArg>(ErrorArg{this, 0});  // peer 0: none
-  const ucp_ep_params_t ep = endpoint_params(worker_address, closing.wire.error_arg.get());
-  if (ucp_ep_create(worker_, &ep, &closing.wire.ep) != UCS_OK) return;
-  closing_.push_back(std::move(closing));
-  start_close(closing_.back());
-  finish_closes(/*all=*/false);
 }
 
 void NixlTransport::start_drain(Closing& closing) {
@@ -271,7 +272,10 @@ void NixlTransport::finish_closes(bool all) {
                                           (kDrainLimit + kCloseLimit).count()));
       logger("nixl")->warn("peer {}: {}", c.peer, reason.message());
     }
-    for (BatchId b : c.batches) end_batch(b, {BatchState::kFailed, reason});
+    for (BatchId b : c.batches) {
+      end_batch(b, {BatchState::kFailed, reason});
+      release_finished(b);  // message path: once UCX has no send of it left
+    }
     it = closing_.erase(it);
   }
 }

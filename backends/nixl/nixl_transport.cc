@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <optional>
+#include <random>
 
 #include "byte_codec.h"
 #include "log.h"
@@ -14,7 +15,7 @@
 namespace pdkv::backends::nixl {
 namespace {
 
-constexpr std::string_view kMagic = "pdkv-nixl-1";
+constexpr std::string_view kMagic = "pdkv-nixl-2";
 
 Status ucx_error(const std::string& what, ucs_status_t status) {
   return Status::internal(fmt::format("{}: {}", what, ucs_status_string(status)));
@@ -37,12 +38,33 @@ bool network_transports_only(const char* tls) {
   return true;
 }
 
-// A descriptor's header: the magic, then the worker address (returned, a
-// view into `r`'s bytes); nullopt when it is not a nixl descriptor.
-std::optional<std::string_view> read_worker_address(ByteReader& r) {
-  std::string_view magic, address;
-  if (!r.bytes(magic) || magic != kMagic || !r.bytes(address)) return std::nullopt;
-  return address;
+// Whether UCX emulates puts over every transport UCX_TLS names (tcp, and
+// self for a rank's own memory): then the message path costs no copy more.
+bool emulates_puts(std::string_view tls) {
+  if (tls.empty()) return false;
+  while (!tls.empty()) {
+    const size_t comma = tls.find(',');
+    const std::string_view name = tls.substr(0, comma);
+    if (name != "tcp" && name != "self") return false;
+    tls = comma == std::string_view::npos ? std::string_view() : tls.substr(comma + 1);
+  }
+  return true;
+}
+
+// A descriptor's header: the magic, the worker address (a view into `r`'s
+// bytes) and the transport's instance token; nullopt when it is not a nixl
+// descriptor.
+struct Header {
+  std::string_view worker_address;
+  uint64_t instance = 0;
+};
+std::optional<Header> read_header(ByteReader& r) {
+  std::string_view magic;
+  Header h;
+  if (!r.bytes(magic) || magic != kMagic || !r.bytes(h.worker_address) || !r.u64(h.instance)) {
+    return std::nullopt;
+  }
+  return h;
 }
 
 }  // namespace
@@ -51,11 +73,13 @@ NixlTransport::NixlTransport() = default;
 
 Result<std::unique_ptr<Transport>> NixlTransport::create(const TransportOptions& options) {
   std::unique_ptr<NixlTransport> t(new NixlTransport);
-  std::string mode = "auto";
+  std::string mode = "auto", path = "auto";
   if (const char* env = std::getenv("PDKV_NIXL_ERROR_HANDLING")) mode = env;
   for (const auto& [key, value] : options) {
     if (key == "error_handling" && (value == "peer" || value == "none" || value == "auto")) {
       mode = value;
+    } else if (key == "data_path" && (value == "put" || value == "message" || value == "auto")) {
+      path = value;
     } else if (key == "host") {
       t->host_ = value;
     } else if (key == "tls") {
@@ -63,8 +87,8 @@ Result<std::unique_ptr<Transport>> NixlTransport::create(const TransportOptions&
     } else {
       return Status::invalid_argument(fmt::format(
           "nixl option '{}={}' unknown (host=ADDR, tls=LIST as UCX_TLS, "
-          "error_handling=auto|peer|none; the rest of UCX is configured through its UCX_* "
-          "environment variables)",
+          "error_handling=auto|peer|none, data_path=auto|put|message; the rest of UCX is "
+          "configured through its UCX_* environment variables)",
           key, value));
     }
   }
@@ -77,6 +101,9 @@ Result<std::unique_ptr<Transport>> NixlTransport::create(const TransportOptions&
   }
   t->peer_error_handling_ =
       mode == "peer" || (mode == "auto" && network_transports_only(t->tls_.c_str()));
+  const bool messages =
+      path == "message" || (path == "auto" && t->peer_error_handling_ && emulates_puts(t->tls_));
+  t->data_path_ = messages ? DataPath::kMessage : DataPath::kPut;
   PDKV_RETURN_IF_ERROR(t->init());
   return std::unique_ptr<Transport>(std::move(t));
 }
@@ -118,8 +145,12 @@ Status NixlTransport::init() {
     caps_.cuda_memory = attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA);
     caps_.hip_memory = attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_ROCM);
   }
+  if (data_path_ == DataPath::kMessage) {
+    // The target copies the bytes in with the CPU.
+    caps_.cuda_memory = caps_.hip_memory = false;
+  }
   caps_.notifications = true;
-  caps_.fences_inbound = peer_error_handling_;
+  caps_.fences_inbound = data_path_ == DataPath::kMessage;
   caps_.reads = true;  // ucp_get_nbx; the same flush completes them
 
   ucp_worker_params_t wp{};
@@ -134,15 +165,24 @@ Status NixlTransport::init() {
   worker_address_.assign(reinterpret_cast<const char*>(address), address_length);
   ucp_worker_release_address(worker_, address);
 
-  ucp_am_handler_param_t am{};
-  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                  UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-  am.id = kNotifyAmId;
-  am.cb = &NixlTransport::on_notification;
-  am.arg = this;
-  am.flags = UCP_AM_FLAG_WHOLE_MSG;
-  st = ucp_worker_set_am_recv_handler(worker_, &am);
-  if (st != UCS_OK) return ucx_error("ucp_worker_set_am_recv_handler", st);
+  std::random_device random;
+  instance_ = (uint64_t{random()} << 32) | random();
+  const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
+      {kNotifyAmId, &NixlTransport::on_notification},
+      {kDataAmId, &NixlTransport::on_data},
+      {kEndAmId, &NixlTransport::on_end},
+      {kAnswerAmId, &NixlTransport::on_answer}};
+  for (const auto& [id, callback] : handlers) {
+    ucp_am_handler_param_t am{};
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    am.id = id;
+    am.cb = callback;
+    am.arg = this;
+    am.flags = UCP_AM_FLAG_WHOLE_MSG;
+    st = ucp_worker_set_am_recv_handler(worker_, &am);
+    if (st != UCS_OK) return ucx_error("ucp_worker_set_am_recv_handler", st);
+  }
 
   // Idle, the thread wakes every 2 ms for what arrives unasked (emulated
   // puts, notifications, keepalive); for 5 ms after any such event every
@@ -258,6 +298,7 @@ std::string NixlTransport::descriptor() const {
   ByteWriter w;
   w.bytes(kMagic);
   w.bytes(worker_address_);
+  w.u64(instance_);
   std::lock_guard lock(mu_);
   w.u64(regions_.size());
   for (const auto& r : regions_) {
@@ -282,7 +323,7 @@ ucp_ep_params_t NixlTransport::endpoint_params(std::string_view worker_address,
 
 Result<PeerId> NixlTransport::connect(std::string_view desc) {
   ByteReader r(desc);
-  const std::optional<std::string_view> header = read_worker_address(r);
+  const std::optional<Header> header = read_header(r);
   uint64_t count = 0;
   if (!header || !r.u64(count) || count > (1u << 20)) {
     return Status::invalid_argument(
@@ -298,7 +339,7 @@ Result<PeerId> NixlTransport::connect(std::string_view desc) {
       return Status::invalid_argument("nixl descriptor truncated in its region table");
     }
   }
-  const std::string_view address = *header;
+  const std::string_view address = header->worker_address;
   return thread_.run([&]() -> Result<PeerId> {
     PeerId id;
     {
@@ -373,10 +414,10 @@ void NixlTransport::fail_peer(PeerId peer, const Status& reason) {
 void NixlTransport::fence_inbound(std::string_view desc) {
   if (!caps_.fences_inbound) return;
   ByteReader r(desc);
-  const std::optional<std::string_view> address = read_worker_address(r);
-  if (!address) return;
+  const std::optional<Header> header = read_header(r);
+  if (!header) return;
   (void)thread_.run([&] {
-    fence_source(*address);
+    fence_source(header->instance);
     return Status::ok();
   });
 }

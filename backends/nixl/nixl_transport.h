@@ -4,25 +4,43 @@
 // rkey. Memory from allocate() is UCX's own (ucp_mem_map ALLOCATE, shared
 // memory here), which peers on this host write into directly; into other
 // memory, UCX 1.13 emulates a put with active messages that the target's
-// progress thread copies out. The descriptor carries the worker address and
-// every region's (base, length, rkey). A batch is one ucp_put_nbx (or
-// ucp_get_nbx) per op followed by an endpoint flush: the flush completing is
-// UCX's statement that every put is visible at the peer. Only then is the
-// notification (a UCX active message) sent, and the batch is done once UCX
-// has taken the message.
+// progress thread copies out. The descriptor carries the worker address,
+// this transport's instance token and every region's (base, length, rkey).
+//
+// Two data paths (option data_path, docs/backends.md):
+// - put: a batch is one ucp_put_nbx (or ucp_get_nbx) per op followed by an
+//   endpoint flush: the flush completing is UCX's statement that every put
+//   is visible at the peer. Only then is the notification (a UCX active
+//   message) sent, and the batch is done once UCX has taken the message.
+// - message (the default where UCX would emulate puts anyway: TCP with PEER
+//   error handling): every op goes as eager active messages that name the
+//   source's connection and the target address, and a last message ends the
+//   batch with its byte count and notification. The target copies the bytes
+//   in itself, after checking them against its regions and its fence, and
+//   acknowledges the end once it has counted every byte; the batch is done
+//   on that acknowledgement. Being the target's own code, the copy is what
+//   the receiver's fence gates (fence_inbound), without touching any UCX
+//   endpoint: closing the target's endpoint for the source, the fence of
+//   put mode, sent a UCX TCP connection-close that crossed the source's own
+//   and crashed it (UCX 1.13.1's uct_tcp_iface_handle_events uses an
+//   endpoint its receive handler has just destroyed; docs/backends.md).
+//   Reads stay ucp_get_nbx.
 //
 // Threading (progress_thread.h): every UCX call runs on one progress thread
 // that owns the worker (UCS_THREAD_MODE_SINGLE). UCX callbacks, which run
 // inside ucp_worker_progress, only record what happened (a flush done, a
-// peer failed); the progress pass acts on it after ucp_worker_progress has
-// returned, because UCX is not re-entrant: closing an endpoint from its own
-// error callback, and progressing the worker to wait for the close, is what
-// crashed the TCP transport (docs/backends.md, "UCX over TCP").
+// peer failed) or, for active messages, do their own small job (copy bytes
+// in, answer an end of batch); the progress pass acts on the rest after
+// ucp_worker_progress has returned, because UCX is not re-entrant: closing
+// an endpoint from its own error callback, and progressing the worker to
+// wait for the close, is what crashed the TCP transport (docs/backends.md,
+// "UCX over TCP").
 //
 // State: `mu_` guards what API threads read and write (batch statuses, the
 // peer table they check writes against, local regions, notifications). The
-// UCX objects (endpoints, rkeys, requests) belong to the progress thread
-// alone, and no UCX call is made with `mu_` held.
+// UCX objects (endpoints, rkeys, requests) and the message path's receiving
+// state belong to the progress thread alone, and no UCX call is made with
+// `mu_` held.
 //
 // A failed peer is over at once for its callers (writes refused with the
 // reason). Its endpoint is drained, then closed, without waiting inside
@@ -76,11 +94,10 @@ class NixlTransport final : public Transport {
   std::vector<std::string> take_notifications() override;
   void set_peer_failure_callback(PeerFailureCallback callback) override;
   void fail_peer(PeerId peer, const Status& reason) override;
-  // The receiver's fence (docs/backends.md, "UCX over TCP"): the endpoint
-  // UCX made here for the source's is adopted (a ucp_ep_create to the
-  // source's worker address matches it) and force-closed, which releases its
-  // id, so that the source's emulated puts that arrive later are dropped.
-  // PEER error handling only (a forced close); none otherwise.
+  // The receiver's fence, message path only (docs/backends.md): every
+  // connection of the source seen so far is fenced, its later messages
+  // dropped, and an end of batch on it answered "fenced", which fails the
+  // source's endpoint there so that it writes again over a new one.
   void fence_inbound(std::string_view peer_descriptor) override;
 
   // A failed peer's endpoint is first drained (flushed: what was handed to
@@ -89,8 +106,15 @@ class NixlTransport final : public Transport {
   // that nothing hangs on a peer that neither answers nor fails (a stopped
   // process).
   static constexpr std::chrono::milliseconds kDrainLimit{500}, kCloseLimit{300};
-  static constexpr unsigned kNotifyAmId = 0x7d;
+  static constexpr unsigned kNotifyAmId = 0x7d;  // put path: the notification
+  // Message path: bytes, the end of a batch, and the target's answer to it.
+  static constexpr unsigned kDataAmId = 0x7e, kEndAmId = 0x7f, kAnswerAmId = 0x80;
+  // The message path's largest message: above it an op is split.
+  static constexpr uint64_t kMessageChunk = 64 << 10;
   static constexpr size_t kMaxNotification = 512;
+  static constexpr int kProgressCallsPerPass = 16;
+
+  enum class DataPath { kPut, kMessage };
 
  private:
   enum class Direction { kWrite, kRead };
@@ -137,12 +161,50 @@ class NixlTransport final : public Transport {
     std::chrono::steady_clock::time_point give_up;  // of the stage
     bool late = false;                              // a stage ran out of time
   };
-  // The user data of a flush or a notification's send.
+  // Message path: what names a sending connection, in every message.
+  struct Connection {
+    uint64_t instance = 0;  // the sending transport's token (its descriptor)
+    uint64_t number = 0;    // its PeerId for the target: 1, 2, ... per instance
+  };
+  struct DataHeader {
+    Connection from;
+    uint64_t batch = 0;
+    uint64_t address = 0;  // where the bytes go, in the target's memory
+  };
+  struct EndHeader {
+    Connection from;
+    uint64_t batch = 0;
+    uint64_t bytes = 0;   // every data message's bytes, together
+    uint64_t notify = 0;  // 1: the payload is a notification to deliver
+  };
+  struct Answer {
+    uint64_t batch = 0;
+    uint64_t outcome = 0;  // an Outcome
+  };
+  enum Outcome : uint64_t { kLanded = 0, kFenced = 1, kShort = 2, kRefused = 3 };
+  // The user data of a batch's flush, notification or messages.
   struct Pending {
     NixlTransport* self = nullptr;
     BatchId batch = 0;
     std::string payload;  // a notification's bytes, alive until UCX is done with them
     Status error;         // a flush's: an op that UCX refused
+    // Message path: the headers UCX reads until each send completes, and
+    // how many sends it still has.
+    bool messages = false;  // released by release_finished, not by a flush or send callback
+    std::vector<DataHeader> data;
+    EndHeader end;
+    uint64_t sends = 0;
+  };
+  // Message path, target side: what a connection's batch has brought so far
+  // (a connection's batches arrive one after another), and per source
+  // instance the connections seen and fenced.
+  struct Arriving {
+    uint64_t batch = 0, bytes = 0;
+    bool refused = false;  // a message fell outside every region
+  };
+  struct Source {
+    uint64_t newest = 0;  // highest connection number seen
+    uint64_t fenced = 0;  // connections up to this one are fenced
   };
 
   NixlTransport();
@@ -157,11 +219,26 @@ class NixlTransport final : public Transport {
   bool progress();
   bool busy() const;
   void start_batch(BatchId id, std::vector<WriteOp> ops, Direction direction);
+  // Message path (nixl_messages.cc).
+  void send_messages(BatchId id, PeerId peer, const std::vector<WriteOp>& ops);
+  void answered(const Answer& answer);
+  void message_sent(Pending* pending);
+  void release_finished(BatchId id);
+  void fence_source(uint64_t instance);
+  bool lands_in_region(uint64_t address, uint64_t length) const;
+  void answer(ucp_ep_h reply_ep, uint64_t batch, Outcome outcome);
+  static void on_message_sent(void* request, ucs_status_t status, void* user_data);
+  static void on_answer_sent(void* request, ucs_status_t status, void* user_data);
+  static ucs_status_t on_data(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_end(void* arg, const void* header, size_t header_length, void* data,
+                             size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_answer(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param);
   void flushed(Pending& flush, ucs_status_t status);
   void notified(BatchId id, ucs_status_t status);
   void end_batch(BatchId id, BatchStatus status);
   void peer_failed(PeerId id, const Status& reason);
-  void fence_source(std::string_view worker_address);
   // An endpoint to `worker_address` in this transport's error handling.
   ucp_ep_params_t endpoint_params(std::string_view worker_address, ErrorArg* error_arg) const;
   void start_drain(Closing& closing);
@@ -184,8 +261,13 @@ class NixlTransport final : public Transport {
   // transports. Option error_handling=auto (the default) turns it on when
   // UCX_TLS names network transports only (docs/backends.md).
   bool peer_error_handling_ = false;
-  std::string host_;  // option host: the rank's address
-  std::string tls_;   // option tls, else UCX_TLS: the UCX transports asked for
+  // Option data_path=auto|put|message; auto: message where UCX would
+  // emulate puts and can report a failed peer (PEER handling, UCX_TLS of
+  // tcp and self only), put otherwise.
+  DataPath data_path_ = DataPath::kPut;
+  uint64_t instance_ = 0;  // this transport's token, random
+  std::string host_;       // option host: the rank's address
+  std::string tls_;        // option tls, else UCX_TLS: the UCX transports asked for
 
   ProgressThread thread_{"nixl progress thread"};
   PeerFailures<PeerId> failures_{thread_};
@@ -209,6 +291,11 @@ class NixlTransport final : public Transport {
   std::vector<std::unique_ptr<ErrorArg>> abandoned_args_;
   std::vector<std::pair<BatchId, ucs_status_t>> flushes_done_, notes_done_;  // from callbacks
   std::vector<std::pair<PeerId, ucs_status_t>> peers_errored_;               // from callbacks
+  std::vector<Answer> answers_;          // message path, from callbacks
+  std::vector<Pending*> messages_sent_;  // message path, from callbacks
+  // Message path, target side.
+  std::map<std::pair<uint64_t, uint64_t>, Arriving> arriving_;  // (instance, connection)
+  std::map<uint64_t, Source> sources_;                          // by instance
 };
 
 }  // namespace pdkv::backends::nixl

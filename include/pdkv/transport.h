@@ -79,6 +79,12 @@ enum class BatchState : uint8_t {
 struct BatchStatus {
   BatchState state = BatchState::kInProgress;
   Status error;
+  // kFailed: whether bytes the batch had sent may still be on their way
+  // into the peer's memory (a cut connection's kernel queue), so that the
+  // peer should fence this source (fence_inbound). True unless the backend
+  // knows nothing trails, e.g. a failure it decided after the bytes had
+  // all landed.
+  bool may_trail = true;
 };
 
 struct TransportCapabilities {

@@ -173,7 +173,7 @@ void PrefillSide::on_batch_end(RoomId id, RankKey key, PeerId connection,
   if (status.state == BatchState::kFailed) {
     // The bytes of this route never all arrived: the room fails, at both
     // ends, and the receiver fences what may trail.
-    dest.cut_connection = connection;
+    if (status.may_trail) dest.cut_connection = connection;
     return fail(*room, status.error.with_context(
                            fmt::format("room {}: write to {}", id, describe(dest.rank))));
   }

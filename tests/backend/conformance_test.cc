@@ -324,6 +324,55 @@ TEST_P(Conformance, AFailedBatchLandsNothingAfterItsReport) {
   EXPECT_GT(failed_in_flight, 0) << "no try failed in flight: the case was not exercised";
 }
 
+// The receiver's fence (transport.h, fence_inbound): once it returns, what
+// the source had sent and not yet landed is dropped, even though the path
+// stays up, and the source's batch does not end done. A new connection of
+// the same source writes again afterwards. One of three tries must be fenced
+// in flight (a batch that finished first counts for nothing).
+TEST_P(Conformance, AFencedSourceLandsNothingAfterTheFence) {
+  if (!receiver_->capabilities().fences_inbound) {
+    GTEST_SKIP() << GetParam().label << " has no receiver's fence (capabilities)";
+  }
+  constexpr size_t kOp = 64 << 10, kOps = 2048;  // 128 MiB: long enough to fence in flight
+  connect(kOp * kOps);
+  std::vector<WriteOp> ops;
+  for (size_t i = 0; i < kOps; ++i) ops.push_back({src_key_, i * kOp, dst_key_, i * kOp, kOp});
+  const std::string source = sender_->descriptor(), target = receiver_->descriptor();
+  const auto landed = [&] {  // one byte a page, as in the test above
+    const std::vector<uint8_t>& dst = received();
+    std::vector<bool> pages;
+    for (size_t i = 0; i < dst.size(); i += 4096) pages.push_back(dst[i] == src_[i]);
+    return pages;
+  };
+  int fenced_in_flight = 0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    reset_destination();
+    const PeerId peer = attempt == 0 ? peer_ : sender_->connect(target).value();
+    const BatchId batch = sender_->write(peer, ops).value();
+    // Bytes flow (a bool here: vector<bool>'s element of a temporary dangles).
+    (void)poll_until([&]() -> bool { return landed()[0]; }, 2s);
+    receiver_->fence_inbound(source);
+    const std::vector<bool> at_fence = landed();
+    const BatchStatus end = wait(*sender_, batch, std::chrono::seconds(10));
+    ASSERT_NE(end.state, BatchState::kInProgress) << "the fenced batch never ended";
+    if (end.state == BatchState::kDone) {
+      ASSERT_TRUE(received() == src_) << "a batch reported done is missing bytes";
+      continue;
+    }
+    ++fenced_in_flight;
+    const bool changed = poll_until([&] { return landed() != at_fence; }, 300ms);
+    EXPECT_FALSE(changed) << "bytes sent before the fence landed after it";
+  }
+  EXPECT_GT(fenced_in_flight, 0) << "no try was fenced in flight: the case was not exercised";
+  // The source's next connection is not fenced.
+  reset_destination();
+  const PeerId again = sender_->connect(target).value();
+  const BatchId small =
+      sender_->write(again, std::vector<WriteOp>{{src_key_, 0, dst_key_, 0, kOp}}).value();
+  ASSERT_EQ(wait(*sender_, small).state, BatchState::kDone);
+  EXPECT_EQ(std::memcmp(received().data(), src_.data(), kOp), 0);
+}
+
 // Every backend of this build, with the variants that take different paths.
 std::vector<Backend> backends() {
   std::vector<Backend> all;
@@ -331,7 +380,8 @@ std::vector<Backend> backends() {
   // Shared memory (UCX's default choice here), and the network path: TCP,
   // where UCX's peer error handling is on (error_handling=auto).
   all.push_back({"nixl", {}, "nixl"});
-  all.push_back({"nixl", {{"tls", "tcp"}}, "nixl_tcp"});
+  all.push_back({"nixl", {{"tls", "tcp"}}, "nixl_tcp"});  // the message path (data_path=auto)
+  all.push_back({"nixl", {{"tls", "tcp"}, {"data_path", "put"}}, "nixl_tcp_put"});
 #endif
   // mooncake over TCP rails, and on the same-host path (required, so that a
   // silent fall-back to TCP cannot pass for it).

@@ -79,20 +79,12 @@ std::vector<Path> network_paths() {
   return paths;
 }
 
-// A known defect (docs/reliability.md, item 1): in the 20-trial run of the
-// final code, nixl's link-down case crashed a prefill rank inside UCX
-// (a call through `void_class`, no pdkv frame) in 1 of its trials, after
-// 13 clean ones elsewhere; whether the receiver's fence provokes it is not
-// known yet. Until it is, the case is run on demand only
-// (--gtest_also_run_disabled_tests).
-bool known_defect(const Path& p, Fault f) { return f == Fault::kLinkDown && p.backend == "nixl"; }
-
-std::vector<Case> cases(bool defects) {
+std::vector<Case> cases() {
   std::vector<Case> out;
   for (const Path& p : network_paths()) {
     for (Fault f : {Fault::kKillPrefill, Fault::kKillDecode, Fault::kStopDecode, Fault::kLinkDown,
                     Fault::kDataBlackhole, Fault::kBootstrap}) {
-      if (known_defect(p, f) == defects) out.push_back({p, f});
+      out.push_back({p, f});
     }
   }
   return out;
@@ -469,13 +461,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 
 class FaultCampaign : public ::testing::TestWithParam<Case> {};
 TEST_P(FaultCampaign, FailsNamedThenHealsAndNeverLiesAboutBytes) { run_campaign(GetParam()); }
-INSTANTIATE_TEST_SUITE_P(Campaign, FaultCampaign, ::testing::ValuesIn(cases(false)), case_name);
-
-class KnownDefect : public ::testing::TestWithParam<Case> {};
-TEST_P(KnownDefect, DISABLED_FailsNamedThenHealsAndNeverLiesAboutBytes) {
-  run_campaign(GetParam());
-}
-INSTANTIATE_TEST_SUITE_P(Campaign, KnownDefect, ::testing::ValuesIn(cases(true)), case_name);
+INSTANTIATE_TEST_SUITE_P(Campaign, FaultCampaign, ::testing::ValuesIn(cases()), case_name);
 
 }  // namespace
 }  // namespace pdkv

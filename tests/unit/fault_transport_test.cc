@@ -64,6 +64,9 @@ TEST(FaultInjection, FailedBatchMovedItsFirstHalfOnly) {
   const BatchStatus st = wait_end(*p.sender, p.sender->write(p.peer, ops).value());
   EXPECT_EQ(st.state, BatchState::kFailed);
   EXPECT_EQ(st.error.message(), "injected fault (fail_batch): batch failed after 16 of 32 bytes");
+  // The moved half had landed when the failure was decided: nothing trails,
+  // so the receiver need not fence (BatchStatus::may_trail).
+  EXPECT_FALSE(st.may_trail);
   for (size_t i = 0; i < 32; ++i) {
     EXPECT_EQ(p.dst[i], i < 16 ? i + 1 : 0xEE) << "byte " << i;
   }
@@ -123,6 +126,34 @@ TEST(FaultInjection, RefusedConnectAndTheSameFatesForTheSameSeed) {
   EXPECT_EQ(a, fates(7));
   EXPECT_NE(a.find('d'), std::string::npos);  // a coin, not a constant
   EXPECT_NE(a.find('f'), std::string::npos);
+}
+
+// The decorator passes the receiver's fence on: it claims the real
+// transport's capabilities, fences_inbound among them.
+TEST(FaultInjection, PassesTheReceiversFenceOn) {
+  struct Fenced final : Transport {
+    std::vector<std::string> fenced;
+    std::string_view name() const override { return "fenced"; }
+    TransportCapabilities capabilities() const override {
+      TransportCapabilities c;
+      c.fences_inbound = true;
+      return c;
+    }
+    Result<RegionKey> register_region(const MemoryRegion&) override { return RegionKey{0}; }
+    std::string descriptor() const override { return "me"; }
+    Result<PeerId> connect(std::string_view) override { return PeerId{1}; }
+    Result<BatchId> write(PeerId, std::span<const WriteOp>) override { return BatchId{1}; }
+    BatchStatus poll(BatchId) override { return {BatchState::kDone, Status::ok()}; }
+    void set_peer_failure_callback(PeerFailureCallback) override {}
+    void fail_peer(PeerId, const Status&) override {}
+    void fence_inbound(std::string_view source) override { fenced.emplace_back(source); }
+  };
+  auto real = std::make_unique<Fenced>();
+  Fenced& seen = *real;
+  auto decorated = inject_faults(std::move(real), parse_faults({"fail_batch=0.5"}).value());
+  ASSERT_TRUE(decorated->capabilities().fences_inbound);
+  decorated->fence_inbound("source-descriptor");
+  EXPECT_EQ(seen.fenced, std::vector<std::string>{"source-descriptor"});
 }
 
 }  // namespace
