@@ -93,8 +93,9 @@ class FaultInjectingTransport final : public Transport {
     }
     real_->fail_peer(peer, reason);
   }
-  void fence_inbound(std::string_view peer_descriptor) override {
-    real_->fence_inbound(peer_descriptor);
+  void fence_inbound(std::string_view peer_descriptor,
+                     std::optional<uint64_t> connection) override {
+    real_->fence_inbound(peer_descriptor, connection);
   }
 
  private:
@@ -211,11 +212,11 @@ class FaultInjectingTransport final : public Transport {
         uint64_t moved = 0;
         for (const WriteOp& op : b->ops) moved += op.length;
         // The real transport finished what was posted: nothing trails.
-        return {BatchState::kFailed,
-                Status::internal(
-                    fmt::format("injected fault (fail_batch): batch failed after {} of {} bytes",
-                                moved, b->bytes)),
-                /*may_trail=*/false};
+        return {
+            BatchState::kFailed,
+            Status::internal(fmt::format(
+                "injected fault (fail_batch): batch failed after {} of {} bytes", moved, b->bytes)),
+            /*may_trail=*/false};
       }
     }
     return {};

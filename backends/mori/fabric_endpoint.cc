@@ -6,9 +6,13 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+
+#include "log.h"
 
 namespace pdkv::backends::mori {
 
@@ -53,6 +57,29 @@ bool Endpoint::fence(const std::string& peer_address) {
   if (fi_av_insert(av, peer_address.data(), 1, &addr, 0, nullptr) != 1) return false;
   return fi_av_remove(av, &addr, 1, 0) == 0;
 }
+
+// libfabric's shm provider names an endpoint's shared-memory region after
+// the process ("<pid>:<uid>:<index>", maybe behind "fi_shm://") and refuses
+// to create it when a file of that name exists (fi_enable: "Device or
+// resource busy"). Such a file is a region that a process of this pid left
+// when it was killed: pids are unique among live processes, and this one
+// has not created it yet. It is removed. (Assumes /dev/shm is not shared
+// with another pid namespace.)
+namespace {
+void remove_stale_shm_region(fid_ep* ep) {
+  char buffer[256] = {};
+  size_t length = sizeof buffer - 1;
+  if (fi_getname(&ep->fid, buffer, &length) != 0) return;
+  std::string name(buffer, strnlen(buffer, sizeof buffer - 1));
+  if (const size_t slash = name.rfind('/'); slash != std::string::npos) name.erase(0, slash + 1);
+  if (name.rfind(std::to_string(::getpid()) + ":", 0) != 0) return;  // not ours: never touched
+  const std::string file = "/dev/shm/" + name;
+  if (::unlink(file.c_str()) == 0) {
+    logger("mori")->info("removed {}, a shared-memory region a killed process of this pid left",
+                         file);
+  }
+}
+}  // namespace
 
 // A counter of inbound accesses (FI_RMA_EVENT) tells the progress thread that
 // peers are busy here; a provider without it is opened without.
@@ -135,6 +162,7 @@ Status Endpoint::open_objects() {
       return ofi_error("fi_ep_bind(cntr)", r);
     }
   }
+  if (provider == "shm") remove_stale_shm_region(ep);
   if ((r = fi_enable(ep)) != 0) return ofi_error("fi_enable", r);
   size_t len = 0;
   fi_getname(&ep->fid, nullptr, &len);

@@ -146,7 +146,9 @@ class MoriTransport final : public Transport {
     return end;
   }
 
-  void fence_inbound(std::string_view peer_descriptor) override {
+  // Every connection from the source's address goes (its connections are
+  // not told apart): `connection` adds nothing here.
+  void fence_inbound(std::string_view peer_descriptor, std::optional<uint64_t>) override {
     EngineDesc engine;
     std::vector<MemoryDesc> memory;
     if (!decode(peer_descriptor, engine, memory).is_ok()) return;

@@ -93,7 +93,7 @@ void NixlTransport::start_batch(BatchId id, std::vector<WriteOp> ops, Direction 
   }
   auto w = wires_.find(peer);
   if (w == wires_.end()) return;  // the peer failed meanwhile; its close ends the batch
-  if (direction == Direction::kWrite && data_path_ == DataPath::kMessage) {
+  if (direction == Direction::kWrite && w->second.messages) {
     return send_messages(id, peer, ops);
   }
   Wire& wire = w->second;

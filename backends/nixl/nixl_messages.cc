@@ -49,7 +49,7 @@ void NixlTransport::send_messages(BatchId id, PeerId peer, const std::vector<Wri
   size_t chunks = 0;
   for (const WriteOp& op : ops) chunks += (op.length + kMessageChunk - 1) / kMessageChunk;
   pending->data.reserve(chunks);  // UCX keeps pointers to the headers: never reallocated
-  const Connection from{instance_, peer};
+  const Connection from{instance_, peer, wire.generation};
   uint64_t bytes = 0;
   ucs_status_t failed = UCS_OK;
   for (const WriteOp& op : ops) {
@@ -101,8 +101,17 @@ void NixlTransport::answered(const Answer& answer) {
   if (answer.outcome == kLanded) {
     end_batch(answer.batch, {BatchState::kDone, Status::ok()});
   } else {
+    // The end came after every message of the batch, on the one ordered
+    // lane, and the target is done with them: nothing trails.
     const Status reason = outcome_error(answer.outcome);
-    end_batch(answer.batch, {BatchState::kFailed, reason});
+    end_batch(answer.batch, {BatchState::kFailed, reason, /*may_trail=*/false});
+    if (answer.outcome == kFenced) {
+      // The next connection to this target is made in its new generation.
+      if (auto w = wires_.find(peer); w != wires_.end()) {
+        uint64_t& known = generations_[w->second.target];
+        known = std::max(known, answer.generation);
+      }
+    }
     // A fenced or lossy connection is over: later writes go over a new one.
     if (answer.outcome != kRefused) peer_failed(peer, reason);
   }
@@ -125,12 +134,17 @@ void NixlTransport::release_finished(BatchId id) {
   pending_.erase(it);
 }
 
-void NixlTransport::fence_source(uint64_t instance) {
+void NixlTransport::fence_source(uint64_t instance, std::optional<uint64_t> cut) {
   Source& source = sources_[instance];
-  source.fenced = source.newest;
+  if (cut) {
+    source.cut = std::max(source.cut, *cut);
+  } else {
+    ++source.generation;  // every connection made so far, heard from or not
+  }
+  // What was arriving on a fenced connection will not complete.
   for (auto it = arriving_.lower_bound({instance, 0});
        it != arriving_.end() && it->first.first == instance;) {
-    it = it->first.second <= source.fenced ? arriving_.erase(it) : std::next(it);
+    it = cut && it->first.second > *cut ? std::next(it) : arriving_.erase(it);
   }
 }
 
@@ -143,15 +157,23 @@ bool NixlTransport::lands_in_region(uint64_t address, uint64_t length) const {
   return false;
 }
 
-void NixlTransport::answer(ucp_ep_h reply_ep, uint64_t batch, Outcome outcome) {
+void NixlTransport::answer(ucp_ep_h reply_ep, uint64_t batch, Outcome outcome,
+                           uint64_t generation) {
+  // Unanswered, the source's batch waits for its caller's timeout (the
+  // engine's transfer timeout fails the peer), as a flush that never
+  // completes would.
   if (reply_ep == nullptr) {
     logger("nixl")->error("an end of batch {} came without a reply endpoint", batch);
     return;
   }
-  auto* message = new Answer{batch, outcome};  // UCX reads it until the send completes
+  auto* message = new Answer{batch, outcome, generation};  // UCX reads it until sent
   ucp_request_param_t param = eager_send(&NixlTransport::on_answer_sent, message, false);
   ucs_status_ptr_t req =
       ucp_am_send_nbx(reply_ep, kAnswerAmId, message, sizeof(Answer), nullptr, 0, &param);
+  if (UCS_PTR_IS_ERR(req)) {
+    logger("nixl")->warn("answering the end of batch {}: {}", batch,
+                         ucs_status_string(UCS_PTR_STATUS(req)));
+  }
   if (!UCS_PTR_IS_PTR(req)) delete message;  // done at once, or refused: no callback comes
 }
 
@@ -176,9 +198,7 @@ ucs_status_t NixlTransport::on_data(void* arg, const void* header, size_t header
   }
   DataHeader h;
   std::memcpy(&h, header, sizeof h);
-  Source& source = self->sources_[h.from.instance];
-  source.newest = std::max(source.newest, h.from.number);
-  if (h.from.number <= source.fenced) return UCS_OK;
+  if (self->sources_[h.from.instance].fenced(h.from)) return UCS_OK;
   Arriving& arriving = self->arriving_[{h.from.instance, h.from.number}];
   if (arriving.batch != h.batch) arriving = {h.batch, 0, false};
   if (!self->lands_in_region(h.address, length)) {
@@ -200,10 +220,9 @@ ucs_status_t NixlTransport::on_end(void* arg, const void* header, size_t header_
   std::memcpy(&h, header, sizeof h);
   const ucp_ep_h reply_ep =
       (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
-  Source& source = self->sources_[h.from.instance];
-  source.newest = std::max(source.newest, h.from.number);
-  if (h.from.number <= source.fenced) {
-    self->answer(reply_ep, h.batch, kFenced);
+  const Source& source = self->sources_[h.from.instance];
+  if (source.fenced(h.from)) {
+    self->answer(reply_ep, h.batch, kFenced, source.generation);
     return UCS_OK;
   }
   Arriving arriving;
@@ -222,7 +241,7 @@ ucs_status_t NixlTransport::on_end(void* arg, const void* header, size_t header_
     std::lock_guard lock(self->mu_);
     self->notifications_.emplace_back(static_cast<const char*>(data), length);
   }
-  self->answer(reply_ep, h.batch, outcome);
+  self->answer(reply_ep, h.batch, outcome, source.generation);
   return UCS_OK;
 }
 

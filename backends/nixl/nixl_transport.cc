@@ -52,16 +52,18 @@ bool emulates_puts(std::string_view tls) {
 }
 
 // A descriptor's header: the magic, the worker address (a view into `r`'s
-// bytes) and the transport's instance token; nullopt when it is not a nixl
-// descriptor.
+// bytes), the transport's instance token and its data path (1: messages,
+// which its senders must use too); nullopt when it is not a nixl descriptor.
 struct Header {
   std::string_view worker_address;
   uint64_t instance = 0;
+  uint64_t messages = 0;
 };
 std::optional<Header> read_header(ByteReader& r) {
   std::string_view magic;
   Header h;
-  if (!r.bytes(magic) || magic != kMagic || !r.bytes(h.worker_address) || !r.u64(h.instance)) {
+  if (!r.bytes(magic) || magic != kMagic || !r.bytes(h.worker_address) || !r.u64(h.instance) ||
+      !r.u64(h.messages)) {
     return std::nullopt;
   }
   return h;
@@ -299,6 +301,7 @@ std::string NixlTransport::descriptor() const {
   w.bytes(kMagic);
   w.bytes(worker_address_);
   w.u64(instance_);
+  w.u64(data_path_ == DataPath::kMessage ? 1 : 0);
   std::lock_guard lock(mu_);
   w.u64(regions_.size());
   for (const auto& r : regions_) {
@@ -347,6 +350,9 @@ Result<PeerId> NixlTransport::connect(std::string_view desc) {
       id = next_peer_++;
     }
     Wire wire;
+    wire.messages = header->messages != 0;  // the target's choice (docs/backends.md)
+    wire.target = header->instance;
+    wire.generation = generations_[header->instance];
     wire.error_arg = std::make_unique<ErrorArg>(ErrorArg{this, id});
     const ucp_ep_params_t ep = endpoint_params(address, wire.error_arg.get());
     ucs_status_t st = ucp_ep_create(worker_, &ep, &wire.ep);
@@ -411,13 +417,13 @@ void NixlTransport::fail_peer(PeerId peer, const Status& reason) {
   });
 }
 
-void NixlTransport::fence_inbound(std::string_view desc) {
+void NixlTransport::fence_inbound(std::string_view desc, std::optional<uint64_t> connection) {
   if (!caps_.fences_inbound) return;
   ByteReader r(desc);
   const std::optional<Header> header = read_header(r);
   if (!header) return;
   (void)thread_.run([&] {
-    fence_source(header->instance);
+    fence_source(header->instance, connection);
     return Status::ok();
   });
 }

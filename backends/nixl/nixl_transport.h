@@ -94,11 +94,13 @@ class NixlTransport final : public Transport {
   std::vector<std::string> take_notifications() override;
   void set_peer_failure_callback(PeerFailureCallback callback) override;
   void fail_peer(PeerId peer, const Status& reason) override;
-  // The receiver's fence, message path only (docs/backends.md): every
-  // connection of the source seen so far is fenced, its later messages
-  // dropped, and an end of batch on it answered "fenced", which fails the
-  // source's endpoint there so that it writes again over a new one.
-  void fence_inbound(std::string_view peer_descriptor) override;
+  // The receiver's fence, message path only (docs/backends.md): the
+  // source's connections up to `connection`, or without it all it made
+  // before the fence (its fence generation moves on), are fenced: their
+  // later messages are dropped, and an end of batch on one is answered
+  // "fenced", which fails the source's endpoint there so that it writes
+  // again over a new one, of the new generation.
+  void fence_inbound(std::string_view peer_descriptor, std::optional<uint64_t> connection) override;
 
   // A failed peer's endpoint is first drained (flushed: what was handed to
   // UCX lands, or the endpoint fails), for at most kDrainLimit, then closed,
@@ -146,6 +148,9 @@ class NixlTransport final : public Transport {
   };
   struct Wire {
     ucp_ep_h ep = nullptr;
+    bool messages = false;    // the target's data path (its descriptor) is the message path
+    uint64_t target = 0;      // its instance token
+    uint64_t generation = 0;  // its fence generation this connection was made in
     std::vector<RemoteRegion> regions;
     std::unique_ptr<ErrorArg> error_arg;  // alive as long as the endpoint
   };
@@ -163,8 +168,9 @@ class NixlTransport final : public Transport {
   };
   // Message path: what names a sending connection, in every message.
   struct Connection {
-    uint64_t instance = 0;  // the sending transport's token (its descriptor)
-    uint64_t number = 0;    // its PeerId for the target: 1, 2, ... per instance
+    uint64_t instance = 0;    // the sending transport's token (its descriptor)
+    uint64_t number = 0;      // its PeerId for the target: 1, 2, ... per instance
+    uint64_t generation = 0;  // the target's fence generation it was made in
   };
   struct DataHeader {
     Connection from;
@@ -179,7 +185,8 @@ class NixlTransport final : public Transport {
   };
   struct Answer {
     uint64_t batch = 0;
-    uint64_t outcome = 0;  // an Outcome
+    uint64_t outcome = 0;     // an Outcome
+    uint64_t generation = 0;  // kFenced: the generation to make connections in
   };
   enum Outcome : uint64_t { kLanded = 0, kFenced = 1, kShort = 2, kRefused = 3 };
   // The user data of a batch's flush, notification or messages.
@@ -203,8 +210,9 @@ class NixlTransport final : public Transport {
     bool refused = false;  // a message fell outside every region
   };
   struct Source {
-    uint64_t newest = 0;  // highest connection number seen
-    uint64_t fenced = 0;  // connections up to this one are fenced
+    uint64_t generation = 0;  // connections made in an earlier one are fenced
+    uint64_t cut = 0;         // and so are those numbered up to this one
+    bool fenced(const Connection& c) const { return c.generation < generation || c.number <= cut; }
   };
 
   NixlTransport();
@@ -224,9 +232,9 @@ class NixlTransport final : public Transport {
   void answered(const Answer& answer);
   void message_sent(Pending* pending);
   void release_finished(BatchId id);
-  void fence_source(uint64_t instance);
+  void fence_source(uint64_t instance, std::optional<uint64_t> cut);
   bool lands_in_region(uint64_t address, uint64_t length) const;
-  void answer(ucp_ep_h reply_ep, uint64_t batch, Outcome outcome);
+  void answer(ucp_ep_h reply_ep, uint64_t batch, Outcome outcome, uint64_t generation);
   static void on_message_sent(void* request, ucs_status_t status, void* user_data);
   static void on_answer_sent(void* request, ucs_status_t status, void* user_data);
   static ucs_status_t on_data(void* arg, const void* header, size_t header_length, void* data,
@@ -296,6 +304,8 @@ class NixlTransport final : public Transport {
   // Message path, target side.
   std::map<std::pair<uint64_t, uint64_t>, Arriving> arriving_;  // (instance, connection)
   std::map<uint64_t, Source> sources_;                          // by instance
+  // Sender side: each target's fence generation, as its answers told it.
+  std::map<uint64_t, uint64_t> generations_;  // by target instance
 };
 
 }  // namespace pdkv::backends::nixl

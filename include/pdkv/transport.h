@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -181,9 +182,15 @@ class Transport {
   // failed part-way (its rooms here fail). What it had sent
   // that has not landed yet (bytes a cut link held back) is dropped, even if
   // the path heals later; what it writes after this returns is a new
-  // connection's. A backend whose library offers no way to do it does
-  // nothing and says so (capabilities().fences_inbound).
-  virtual void fence_inbound(std::string_view peer_descriptor) { (void)peer_descriptor; }
+  // connection's. `connection`, when the source named the connection whose
+  // writes were cut (its PeerId for this rank, RoomStatus.cut_connection):
+  // that connection and the source's older ones are enough to fence; without
+  // it, every connection the source made before the fence is. A backend
+  // whose library offers no way to do it does nothing and says so
+  // (capabilities().fences_inbound).
+  virtual void fence_inbound(std::string_view peer_descriptor, std::optional<uint64_t> connection) {
+    (void)peer_descriptor, (void)connection;
+  }
 };
 
 // Backends register themselves by name at static-initialisation time

@@ -172,7 +172,7 @@ void PeerRegistry::fence_inbound(const std::string& key, std::optional<uint64_t>
   logger("engine")->info("fencing {}: {}", describe(peer.rank),
                          cut ? fmt::format("it cut its writes here (its connection {})", *cut)
                              : "its control connection was lost");
-  transport_.fence_inbound(peer.rank.transport_descriptor());
+  transport_.fence_inbound(peer.rank.transport_descriptor(), cut);
 }
 
 void PeerRegistry::drop_wire(Peer& peer, const Status& reason) {

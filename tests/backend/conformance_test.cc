@@ -326,51 +326,89 @@ TEST_P(Conformance, AFailedBatchLandsNothingAfterItsReport) {
 
 // The receiver's fence (transport.h, fence_inbound): once it returns, what
 // the source had sent and not yet landed is dropped, even though the path
-// stays up, and the source's batch does not end done. A new connection of
-// the same source writes again afterwards. One of three tries must be fenced
-// in flight (a batch that finished first counts for nothing).
-TEST_P(Conformance, AFencedSourceLandsNothingAfterTheFence) {
+// stays up, and the source's batch does not end done; if it did end done,
+// every byte had landed before the fence. `at_once`: the fence comes right
+// after the write, before the receiver has heard anything of the new
+// connection; else once bytes flow. Three tries, of which one must be
+// fenced in flight (a batch that finished first counts for nothing); then
+// a new connection of the same source writes again.
+class Fence : public Conformance {
+ protected:
+  void run(bool at_once) {
+    if (!receiver_->capabilities().fences_inbound) {
+      GTEST_SKIP() << GetParam().label << " has no receiver's fence (capabilities)";
+    }
+    constexpr size_t kOp = 64 << 10, kOps = 2048;  // 128 MiB: long enough to fence in flight
+    connect(kOp * kOps);
+    std::vector<WriteOp> ops;
+    for (size_t i = 0; i < kOps; ++i) ops.push_back({src_key_, i * kOp, dst_key_, i * kOp, kOp});
+    const std::string source = sender_->descriptor(), target = receiver_->descriptor();
+    const auto landed = [&] {  // one byte a page, as in the test above
+      const std::vector<uint8_t>& dst = received();
+      std::vector<bool> pages;
+      for (size_t i = 0; i < dst.size(); i += 4096) pages.push_back(dst[i] == src_[i]);
+      return pages;
+    };
+    int fenced_in_flight = 0;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      reset_destination();
+      const PeerId peer = sender_->connect(target).value();
+      const BatchId batch = sender_->write(peer, ops).value();
+      // Bytes flow (a bool here: vector<bool>'s element of a temporary dangles).
+      if (!at_once) (void)poll_until([&]() -> bool { return landed()[0]; }, 2s);
+      receiver_->fence_inbound(source, std::nullopt);  // every connection of the source
+      const std::vector<bool> at_fence = landed();
+      const BatchStatus end = wait(*sender_, batch, std::chrono::seconds(10));
+      ASSERT_NE(end.state, BatchState::kInProgress) << "the fenced batch never ended";
+      if (end.state == BatchState::kDone) {
+        ASSERT_TRUE(received() == src_) << "a batch reported done is missing bytes";
+        EXPECT_TRUE(std::all_of(at_fence.begin(), at_fence.end(), [](bool b) { return b; }))
+            << "the batch ended done with bytes that landed after the fence";
+        continue;
+      }
+      ++fenced_in_flight;
+      const bool changed = poll_until([&] { return landed() != at_fence; }, 300ms);
+      EXPECT_FALSE(changed) << "bytes sent before the fence landed after it";
+    }
+    EXPECT_GT(fenced_in_flight, 0) << "no try was fenced in flight: the case was not exercised";
+    // The source's next connection is not fenced.
+    reset_destination();
+    const PeerId again = sender_->connect(target).value();
+    const BatchId small =
+        sender_->write(again, std::vector<WriteOp>{{src_key_, 0, dst_key_, 0, kOp}}).value();
+    ASSERT_EQ(wait(*sender_, small).state, BatchState::kDone);
+    EXPECT_EQ(std::memcmp(received().data(), src_.data(), kOp), 0);
+  }
+};
+
+TEST_P(Fence, AFencedSourceLandsNothingAfterTheFence) { run(/*at_once=*/false); }
+
+// The same, fenced before the receiver has heard of the connection.
+TEST_P(Fence, TheFenceCoversAConnectionNotYetHeardFrom) {
+  if (GetParam().name == "mori") {
+    GTEST_SKIP() << "mori's fence closes the connections the provider has; one not yet "
+                    "made is not covered (docs/reliability.md, limit 5)";
+  }
+  run(/*at_once=*/true);
+}
+
+// A fence that names the cut connection spares the source's newer one: the
+// source's replacement for the cut connection goes on writing.
+TEST_P(Fence, AFenceOfACutConnectionSparesTheNewerOne) {
   if (!receiver_->capabilities().fences_inbound) {
     GTEST_SKIP() << GetParam().label << " has no receiver's fence (capabilities)";
   }
-  constexpr size_t kOp = 64 << 10, kOps = 2048;  // 128 MiB: long enough to fence in flight
-  connect(kOp * kOps);
-  std::vector<WriteOp> ops;
-  for (size_t i = 0; i < kOps; ++i) ops.push_back({src_key_, i * kOp, dst_key_, i * kOp, kOp});
+  constexpr size_t kBytes = 1 << 20;
+  connect(kBytes);
   const std::string source = sender_->descriptor(), target = receiver_->descriptor();
-  const auto landed = [&] {  // one byte a page, as in the test above
-    const std::vector<uint8_t>& dst = received();
-    std::vector<bool> pages;
-    for (size_t i = 0; i < dst.size(); i += 4096) pages.push_back(dst[i] == src_[i]);
-    return pages;
-  };
-  int fenced_in_flight = 0;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    reset_destination();
-    const PeerId peer = attempt == 0 ? peer_ : sender_->connect(target).value();
-    const BatchId batch = sender_->write(peer, ops).value();
-    // Bytes flow (a bool here: vector<bool>'s element of a temporary dangles).
-    (void)poll_until([&]() -> bool { return landed()[0]; }, 2s);
-    receiver_->fence_inbound(source);
-    const std::vector<bool> at_fence = landed();
-    const BatchStatus end = wait(*sender_, batch, std::chrono::seconds(10));
-    ASSERT_NE(end.state, BatchState::kInProgress) << "the fenced batch never ended";
-    if (end.state == BatchState::kDone) {
-      ASSERT_TRUE(received() == src_) << "a batch reported done is missing bytes";
-      continue;
-    }
-    ++fenced_in_flight;
-    const bool changed = poll_until([&] { return landed() != at_fence; }, 300ms);
-    EXPECT_FALSE(changed) << "bytes sent before the fence landed after it";
-  }
-  EXPECT_GT(fenced_in_flight, 0) << "no try was fenced in flight: the case was not exercised";
-  // The source's next connection is not fenced.
-  reset_destination();
-  const PeerId again = sender_->connect(target).value();
-  const BatchId small =
-      sender_->write(again, std::vector<WriteOp>{{src_key_, 0, dst_key_, 0, kOp}}).value();
-  ASSERT_EQ(wait(*sender_, small).state, BatchState::kDone);
-  EXPECT_EQ(std::memcmp(received().data(), src_.data(), kOp), 0);
+  const PeerId newer = sender_->connect(target).value();
+  ASSERT_GT(newer, peer_);
+  receiver_->fence_inbound(source, peer_);  // peer_ was cut
+  const BatchId batch =
+      sender_->write(newer, std::vector<WriteOp>{{src_key_, 0, dst_key_, 0, kBytes}}).value();
+  const BatchStatus end = wait(*sender_, batch);
+  ASSERT_EQ(end.state, BatchState::kDone) << end.error.to_string();
+  EXPECT_TRUE(received() == src_);
 }
 
 // Every backend of this build, with the variants that take different paths.
@@ -395,6 +433,7 @@ std::vector<Backend> backends() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(backends()));
+INSTANTIATE_TEST_SUITE_P(Backends, Fence, ::testing::ValuesIn(backends()));
 
 }  // namespace
 }  // namespace pdkv

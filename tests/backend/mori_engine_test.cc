@@ -3,8 +3,12 @@
 // cannot be trusted. Byte checks use patterns computed here.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "io_engine.h"
@@ -131,6 +135,36 @@ TEST(MoriEngineAuto, ShmOnThisHostTcpToAnother) {
   EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.message().find("shares no usable provider"), std::string::npos)
       << refused.message();
+}
+
+// A killed process leaves its shm regions in /dev/shm, named after its pid
+// and holding it. A later process that gets the same pid finds them when it
+// opens its own: libfabric takes such a region for a live process's (that
+// pid is alive: it is this one) and refuses with EBUSY, unless the stale
+// region of the endpoint's own name is removed first. Reproduced here with
+// copies of this process's first region under the names its next endpoints
+// will take.
+TEST(MoriEngineShm, OpensOverARegionAKilledProcessOfItsPidLeft) {
+  const std::string prefix = std::to_string(::getpid()) + ":" + std::to_string(::getuid()) + ":";
+  auto first = IoEngine::create(config("first", "shm")).value();
+  int newest = -1;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0)
+      newest = std::max(newest, std::stoi(name.substr(prefix.size())));
+  }
+  ASSERT_GE(newest, 0) << "no shm region of this process in /dev/shm";
+  const std::string live = "/dev/shm/" + prefix + std::to_string(newest);
+  std::vector<std::string> stale;
+  for (int next = newest + 1; next <= newest + 4; ++next) {
+    stale.push_back("/dev/shm/" + prefix + std::to_string(next));
+    std::filesystem::copy_file(live, stale.back());
+  }
+  auto second = IoEngine::create(config("second", "shm"));
+  EXPECT_TRUE(second.is_ok()) << second.status().to_string();
+  second = Status::aborted("closed");  // the engines go before the copies left over
+  first.reset();
+  for (const std::string& f : stale) std::filesystem::remove(f);
 }
 
 TEST(MoriEngineAuto, BrokenDescriptorsAreRefusedNotCrashes) {

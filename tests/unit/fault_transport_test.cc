@@ -1,6 +1,7 @@
 // The fault-injecting decorator (pdkv/faults.h) over the loopback transport:
 // each fault does what it says, and a failed batch is over (nothing of it
 // lands later). Expected bytes are worked out from the writes by hand.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "pdkv/faults.h"
@@ -146,14 +147,16 @@ TEST(FaultInjection, PassesTheReceiversFenceOn) {
     BatchStatus poll(BatchId) override { return {BatchState::kDone, Status::ok()}; }
     void set_peer_failure_callback(PeerFailureCallback) override {}
     void fail_peer(PeerId, const Status&) override {}
-    void fence_inbound(std::string_view source) override { fenced.emplace_back(source); }
+    void fence_inbound(std::string_view source, std::optional<uint64_t> connection) override {
+      fenced.emplace_back(fmt::format("{} {}", source, connection.value_or(0)));
+    }
   };
   auto real = std::make_unique<Fenced>();
   Fenced& seen = *real;
   auto decorated = inject_faults(std::move(real), parse_faults({"fail_batch=0.5"}).value());
   ASSERT_TRUE(decorated->capabilities().fences_inbound);
-  decorated->fence_inbound("source-descriptor");
-  EXPECT_EQ(seen.fenced, std::vector<std::string>{"source-descriptor"});
+  decorated->fence_inbound("source-descriptor", 7);
+  EXPECT_EQ(seen.fenced, std::vector<std::string>{"source-descriptor 7"});
 }
 
 }  // namespace
