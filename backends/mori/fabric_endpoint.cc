@@ -47,25 +47,14 @@ bool av_remove_cleanup() {
   return s == "1" || s == "yes" || s == "true" || s == "on" || s == "y";
 }
 
-}  // namespace
-
-bool Endpoint::fence(const std::string& peer_address) {
-  if (!can_fence) return false;
-  // The peer's connection is found by its address whether or not this side
-  // ever inserted it: removing the address closes it.
-  fi_addr_t addr = FI_ADDR_UNSPEC;
-  if (fi_av_insert(av, peer_address.data(), 1, &addr, 0, nullptr) != 1) return false;
-  return fi_av_remove(av, &addr, 1, 0) == 0;
-}
-
 // libfabric's shm provider names an endpoint's shared-memory region after
-// the process ("<pid>:<uid>:<index>", maybe behind "fi_shm://") and refuses
-// to create it when a file of that name exists (fi_enable: "Device or
-// resource busy"). Such a file is a region that a process of this pid left
-// when it was killed: pids are unique among live processes, and this one
-// has not created it yet. It is removed. (Assumes /dev/shm is not shared
-// with another pid namespace.)
-namespace {
+// the process ("<pid>:<uid>:<index>", maybe behind "fi_shm://"), and when a
+// file of that name exists it refuses to reuse it while the pid stored in
+// it is alive (fi_enable: "Device or resource busy"). Such a file is a
+// region that a killed process of this pid left: pids are unique among live
+// processes, and this one has not created it yet, so the pid libfabric
+// finds alive is this process's. It is removed. (Assumes /dev/shm is not
+// shared with another pid namespace.)
 void remove_stale_shm_region(fid_ep* ep) {
   char buffer[256] = {};
   size_t length = sizeof buffer - 1;
@@ -79,7 +68,17 @@ void remove_stale_shm_region(fid_ep* ep) {
                          file);
   }
 }
+
 }  // namespace
+
+bool Endpoint::fence(const std::string& peer_address) {
+  if (!can_fence) return false;
+  // The peer's connection is found by its address whether or not this side
+  // ever inserted it: removing the address closes it.
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  if (fi_av_insert(av, peer_address.data(), 1, &addr, 0, nullptr) != 1) return false;
+  return fi_av_remove(av, &addr, 1, 0) == 0;
+}
 
 // A counter of inbound accesses (FI_RMA_EVENT) tells the progress thread that
 // peers are busy here; a provider without it is opened without.

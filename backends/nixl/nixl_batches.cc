@@ -6,13 +6,6 @@
 #include "nixl_transport.h"
 
 namespace pdkv::backends::nixl {
-namespace {
-
-Status ucx_error(const std::string& what, ucs_status_t status) {
-  return Status::internal(fmt::format("{}: {}", what, ucs_status_string(status)));
-}
-
-}  // namespace
 
 Result<BatchId> NixlTransport::submit(PeerId peer_id, std::span<const WriteOp> ops,
                                       std::string_view notification, Direction direction) {
@@ -97,9 +90,7 @@ void NixlTransport::start_batch(BatchId id, std::vector<WriteOp> ops, Direction 
     return send_messages(id, peer, ops);
   }
   Wire& wire = w->second;
-  auto pending = std::make_unique<Pending>();
-  pending->self = this;
-  pending->batch = id;
+  auto pending = std::make_unique<Pending>(this, id);
   ucp_request_param_t none{};
   for (const WriteOp& op : ops) {
     // regions_ grows only on this thread: read without mu_.
@@ -151,9 +142,7 @@ void NixlTransport::flushed(Pending& flush, ucs_status_t status) {
   if (w == wires_.end()) return;  // the peer failed meanwhile; its close ends the batch
   // After the flush: the peer sees the notification only once the bytes are
   // there. The payload stays alive (pending_) until UCX says it is done.
-  auto pending = std::make_unique<Pending>();
-  pending->self = this;
-  pending->batch = id;
+  auto pending = std::make_unique<Pending>(this, id);
   pending->payload = std::move(note);
   ucp_request_param_t param{};
   param.op_attr_mask =

@@ -4,27 +4,13 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <optional>
 
 #include "log.h"
 #include "nixl_transport.h"
 
 namespace pdkv::backends::nixl {
 namespace {
-
-Status outcome_error(uint64_t outcome) {
-  switch (outcome) {
-    case 1:
-      return Status::unavailable(
-          "the nixl target fenced this connection: it had lost this rank, and drops what "
-          "comes over it");
-    case 2:
-      return Status::internal("the nixl target received fewer bytes than were sent");
-    case 3:
-      return Status::invalid_argument("the nixl target refused bytes outside its regions");
-    default:
-      return Status::internal(fmt::format("unknown answer {} from the nixl target", outcome));
-  }
-}
 
 ucp_request_param_t eager_send(ucp_send_nbx_callback_t callback, void* user_data, bool reply) {
   ucp_request_param_t param{};
@@ -38,13 +24,37 @@ ucp_request_param_t eager_send(ucp_send_nbx_callback_t callback, void* user_data
   return param;
 }
 
+// A message's header as a T, when it is one: eager, and of T's size (else
+// the message is not ours to take, and the end of its batch finds bytes
+// missing).
+template <class T>
+std::optional<T> header_as(const void* header, size_t length, const ucp_am_recv_param_t* param) {
+  if (length != sizeof(T) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) return std::nullopt;
+  T h;
+  std::memcpy(&h, header, sizeof h);
+  return h;
+}
+
 }  // namespace
+
+Status NixlTransport::outcome_error(uint64_t outcome) {
+  switch (outcome) {
+    case kFenced:
+      return Status::unavailable(
+          "the nixl target fenced this connection: it had lost this rank, and drops what "
+          "comes over it");
+    case kShort:
+      return Status::internal("the nixl target received fewer bytes than were sent");
+    case kRefused:
+      return Status::invalid_argument("the nixl target refused bytes outside its regions");
+    default:
+      return Status::internal(fmt::format("unknown answer {} from the nixl target", outcome));
+  }
+}
 
 void NixlTransport::send_messages(BatchId id, PeerId peer, const std::vector<WriteOp>& ops) {
   Wire& wire = wires_.at(peer);
-  auto pending = std::make_unique<Pending>();
-  pending->self = this;
-  pending->batch = id;
+  auto pending = std::make_unique<Pending>(this, id);
   pending->messages = true;
   size_t chunks = 0;
   for (const WriteOp& op : ops) chunks += (op.length + kMessageChunk - 1) / kMessageChunk;
@@ -85,8 +95,7 @@ void NixlTransport::send_messages(BatchId id, PeerId peer, const std::vector<Wri
   if (failed != UCS_OK) {
     // Messages already handed to UCX may still arrive: the peer's close
     // settles them before the batch is reported failed.
-    peer_failed(peer,
-                Status::internal(fmt::format("ucp_am_send_nbx: {}", ucs_status_string(failed))));
+    peer_failed(peer, ucx_error("ucp_am_send_nbx", failed));
   }
 }
 
@@ -193,11 +202,9 @@ void NixlTransport::on_answer_sent(void* request, ucs_status_t, void* user_data)
 ucs_status_t NixlTransport::on_data(void* arg, const void* header, size_t header_length, void* data,
                                     size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<NixlTransport*>(arg);
-  if (header_length != sizeof(DataHeader) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-    return UCS_OK;  // not ours to take: the end of its batch then finds bytes missing
-  }
-  DataHeader h;
-  std::memcpy(&h, header, sizeof h);
+  const std::optional<DataHeader> parsed = header_as<DataHeader>(header, header_length, param);
+  if (!parsed) return UCS_OK;
+  const DataHeader& h = *parsed;
   if (self->sources_[h.from.instance].fenced(h.from)) return UCS_OK;
   Arriving& arriving = self->arriving_[{h.from.instance, h.from.number}];
   if (arriving.batch != h.batch) arriving = {h.batch, 0, false};
@@ -213,11 +220,9 @@ ucs_status_t NixlTransport::on_data(void* arg, const void* header, size_t header
 ucs_status_t NixlTransport::on_end(void* arg, const void* header, size_t header_length, void* data,
                                    size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<NixlTransport*>(arg);
-  if (header_length != sizeof(EndHeader) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-    return UCS_OK;
-  }
-  EndHeader h;
-  std::memcpy(&h, header, sizeof h);
+  const std::optional<EndHeader> parsed = header_as<EndHeader>(header, header_length, param);
+  if (!parsed) return UCS_OK;
+  const EndHeader& h = *parsed;
   const ucp_ep_h reply_ep =
       (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
   const Source& source = self->sources_[h.from.instance];
@@ -246,12 +251,10 @@ ucs_status_t NixlTransport::on_end(void* arg, const void* header, size_t header_
 }
 
 ucs_status_t NixlTransport::on_answer(void* arg, const void* header, size_t header_length, void*,
-                                      size_t, const ucp_am_recv_param_t*) {
-  auto* self = static_cast<NixlTransport*>(arg);
-  if (header_length != sizeof(Answer)) return UCS_OK;
-  Answer a;
-  std::memcpy(&a, header, sizeof a);
-  self->answers_.push_back(a);
+                                      size_t, const ucp_am_recv_param_t* param) {
+  if (auto a = header_as<Answer>(header, header_length, param)) {
+    static_cast<NixlTransport*>(arg)->answers_.push_back(*a);
+  }
   return UCS_OK;
 }
 

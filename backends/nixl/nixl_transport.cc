@@ -17,39 +17,31 @@ namespace {
 
 constexpr std::string_view kMagic = "pdkv-nixl-2";
 
-Status ucx_error(const std::string& what, ucs_status_t status) {
-  return Status::internal(fmt::format("{}: {}", what, ucs_status_string(status)));
+// Whether UCX_TLS is an explicit list (not empty, not "^..." exclusions)
+// whose every name is in `names`.
+bool every_transport_in(std::string_view tls, const std::set<std::string_view>& names) {
+  if (tls.empty() || tls.front() == '^') return false;
+  while (!tls.empty()) {
+    const size_t comma = tls.find(',');
+    if (names.count(tls.substr(0, comma)) == 0) return false;
+    tls = comma == std::string_view::npos ? std::string_view() : tls.substr(comma + 1);
+  }
+  return true;
 }
 
 // Whether every transport UCX_TLS names can report a failed peer (UCX's
 // network transports): then PEER error handling costs nothing, while with
 // shared memory in the list it would take shared memory away.
-bool network_transports_only(const char* tls) {
+bool network_transports_only(std::string_view tls) {
   static const std::set<std::string_view> kNetwork = {
       "tcp",     "rc", "rc_v", "rc_x", "rc_mlx5", "dc", "dc_x",
       "dc_mlx5", "ud", "ud_v", "ud_x", "ud_mlx5", "ib", "self"};
-  if (tls == nullptr || *tls == '\0' || *tls == '^') return false;
-  std::string_view rest(tls);
-  while (!rest.empty()) {
-    const size_t comma = rest.find(',');
-    if (kNetwork.count(rest.substr(0, comma)) == 0) return false;
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-  }
-  return true;
+  return every_transport_in(tls, kNetwork);
 }
 
 // Whether UCX emulates puts over every transport UCX_TLS names (tcp, and
 // self for a rank's own memory): then the message path costs no copy more.
-bool emulates_puts(std::string_view tls) {
-  if (tls.empty()) return false;
-  while (!tls.empty()) {
-    const size_t comma = tls.find(',');
-    const std::string_view name = tls.substr(0, comma);
-    if (name != "tcp" && name != "self") return false;
-    tls = comma == std::string_view::npos ? std::string_view() : tls.substr(comma + 1);
-  }
-  return true;
-}
+bool emulates_puts(std::string_view tls) { return every_transport_in(tls, {"tcp", "self"}); }
 
 // A descriptor's header: the magic, the worker address (a view into `r`'s
 // bytes), the transport's instance token and its data path (1: messages,
@@ -70,6 +62,10 @@ std::optional<Header> read_header(ByteReader& r) {
 }
 
 }  // namespace
+
+Status ucx_error(const std::string& what, ucs_status_t status) {
+  return Status::internal(fmt::format("{}: {}", what, ucs_status_string(status)));
+}
 
 NixlTransport::NixlTransport() = default;
 
@@ -101,8 +97,7 @@ Result<std::unique_ptr<Transport>> NixlTransport::create(const TransportOptions&
   if (t->tls_.empty()) {
     if (const char* env = std::getenv("UCX_TLS")) t->tls_ = env;
   }
-  t->peer_error_handling_ =
-      mode == "peer" || (mode == "auto" && network_transports_only(t->tls_.c_str()));
+  t->peer_error_handling_ = mode == "peer" || (mode == "auto" && network_transports_only(t->tls_));
   const bool messages =
       path == "message" || (path == "auto" && t->peer_error_handling_ && emulates_puts(t->tls_));
   t->data_path_ = messages ? DataPath::kMessage : DataPath::kPut;

@@ -69,6 +69,9 @@
 
 namespace pdkv::backends::nixl {
 
+// "what: UCX's words for status", as an internal error.
+Status ucx_error(const std::string& what, ucs_status_t status);
+
 class NixlTransport final : public Transport {
  public:
   static Result<std::unique_ptr<Transport>> create(const TransportOptions& options);
@@ -191,6 +194,7 @@ class NixlTransport final : public Transport {
   enum Outcome : uint64_t { kLanded = 0, kFenced = 1, kShort = 2, kRefused = 3 };
   // The user data of a batch's flush, notification or messages.
   struct Pending {
+    Pending(NixlTransport* owner, BatchId id) : self(owner), batch(id) {}
     NixlTransport* self = nullptr;
     BatchId batch = 0;
     std::string payload;  // a notification's bytes, alive until UCX is done with them
@@ -237,6 +241,7 @@ class NixlTransport final : public Transport {
   void answer(ucp_ep_h reply_ep, uint64_t batch, Outcome outcome, uint64_t generation);
   static void on_message_sent(void* request, ucs_status_t status, void* user_data);
   static void on_answer_sent(void* request, ucs_status_t status, void* user_data);
+  static Status outcome_error(uint64_t outcome);
   static ucs_status_t on_data(void* arg, const void* header, size_t header_length, void* data,
                               size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_end(void* arg, const void* header, size_t header_length, void* data,
