@@ -1,0 +1,67 @@
+// The C ABI's handles and its one error convention (pdkv/pdkv.h).
+//
+// Each opaque C handle is a struct around the C++ object it stands for. Every
+// exported function runs its body through c_call(): a non-ok Status becomes
+// the returned code and this thread's last error; an exception becomes
+// PDKV_INTERNAL, so that none crosses the C boundary.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "pdkv/bootstrap.h"
+#include "pdkv/engine.h"
+#include "pdkv/pdkv.h"
+
+struct pdkv_config {
+  pdkv::EngineConfig config;
+};
+
+struct pdkv_engine {
+  std::unique_ptr<pdkv::Engine> engine;
+  std::string control_address;
+  // Changed rooms taken from the engine but not yet handed to the caller
+  // (its array was full): the next pdkv_engine_take_changed_rooms gives them first.
+  std::mutex changes_mu;
+  std::deque<pdkv::RoomId> untaken_changes;
+};
+
+struct pdkv_sender {
+  std::unique_ptr<pdkv::Sender> sender;
+};
+
+struct pdkv_receiver {
+  std::unique_ptr<pdkv::Receiver> receiver;
+};
+
+struct pdkv_bootstrap_server {
+  std::unique_ptr<pdkv::BootstrapServer> server;
+};
+
+namespace pdkv::capi {
+
+// Records `status` as this thread's last error (when not ok) and returns its code.
+pdkv_status report(const Status& status);
+
+// Refuses a NULL pointer argument, naming it.
+Status require(const void* pointer, const char* name);
+
+// Runs `body` (returning Status) with exceptions turned into PDKV_INTERNAL.
+template <typename Body>
+pdkv_status c_call(const char* function, Body&& body) noexcept {
+  try {
+    Status status = body();
+    return report(status.is_ok() ? status : status.with_context(function));
+  } catch (const std::exception& e) {
+    return report(Status::internal(std::string(function) + ": " + e.what()));
+  } catch (...) {
+    return report(Status::internal(std::string(function) + ": unknown exception"));
+  }
+}
+
+// Parses one configuration setting into `config` (c_config.cc).
+Status set_config_key(EngineConfig& config, const std::string& key, const std::string& value);
+
+}  // namespace pdkv::capi

@@ -1,0 +1,178 @@
+// The C ABI's per-room calls: Sender (prefill) and Receiver (decode).
+#include "capi/c_handles.h"
+
+using pdkv::Status;
+using pdkv::capi::c_call;
+using pdkv::capi::require;
+
+namespace {
+
+pdkv::Result<std::vector<uint32_t>> slots(const uint32_t* state_slots, size_t count) {
+  if (count > 0 && state_slots == nullptr) {
+    return Status::invalid_argument("state_slots is NULL with " + std::to_string(count) + " slots");
+  }
+  return std::vector<uint32_t>(state_slots, state_slots + count);
+}
+
+Status check_pages(const uint64_t* pages, size_t count) {
+  if (count > 0 && pages == nullptr) {
+    return Status::invalid_argument("pages is NULL with " + std::to_string(count) + " pages");
+  }
+  return Status::ok();
+}
+
+pdkv_transfer_metrics to_c(const pdkv::TransferMetrics& m) {
+  return pdkv_transfer_metrics{m.bytes, static_cast<uint64_t>(m.latency.count()), m.staged ? 1 : 0,
+                               m.retries};
+}
+
+// A failed room's reason as this thread's last error, and its code.
+pdkv_status failure_of(const Status& failure) { return pdkv::capi::report(failure); }
+
+}  // namespace
+
+extern "C" {
+
+pdkv_status pdkv_engine_sender(pdkv_engine* engine, uint64_t room, const char* decode_engine,
+                               uint32_t decode_dp_rank, pdkv_sender** out) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(engine, "engine"));
+    PDKV_RETURN_IF_ERROR(require(out, "out"));
+    std::unique_ptr<pdkv::Sender> sender;
+    if (decode_engine != nullptr) {
+      PDKV_ASSIGN_OR_RETURN(sender, engine->engine->sender(room, decode_engine, decode_dp_rank));
+    } else {
+      PDKV_ASSIGN_OR_RETURN(sender, engine->engine->sender(room));
+    }
+    *out = new pdkv_sender{std::move(sender)};
+    return Status::ok();
+  });
+}
+
+void pdkv_sender_destroy(pdkv_sender* sender) { delete sender; }
+
+pdkv_status pdkv_sender_init(pdkv_sender* sender, uint64_t num_pages, uint32_t aux_slot,
+                             const uint32_t* state_slots, size_t num_state_slots) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(sender, "sender"));
+    PDKV_ASSIGN_OR_RETURN(auto state, slots(state_slots, num_state_slots));
+    return sender->sender->init(num_pages, aux_slot, std::move(state));
+  });
+}
+
+pdkv_status pdkv_sender_send(pdkv_sender* sender, const uint64_t* pages, size_t num_pages,
+                             int32_t is_last) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(sender, "sender"));
+    PDKV_RETURN_IF_ERROR(check_pages(pages, num_pages));
+    return sender->sender->send({pages, num_pages}, is_last != 0);
+  });
+}
+
+pdkv_status pdkv_sender_poll(const pdkv_sender* sender, pdkv_poll_state* state) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(sender, "sender"));
+    PDKV_RETURN_IF_ERROR(require(state, "state"));
+    *state = static_cast<pdkv_poll_state>(sender->sender->poll());
+    return Status::ok();
+  });
+}
+
+pdkv_status pdkv_sender_abort(pdkv_sender* sender, const char* reason) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(sender, "sender"));
+    sender->sender->abort(reason != nullptr ? reason : "aborted by the caller");
+    return Status::ok();
+  });
+}
+
+pdkv_status pdkv_sender_failure(const pdkv_sender* sender) {
+  if (sender == nullptr) return failure_of(Status::invalid_argument("sender is NULL"));
+  return failure_of(sender->sender->failure());
+}
+
+pdkv_status pdkv_sender_decode_prefix_pages(const pdkv_sender* sender, uint64_t* pages) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(sender, "sender"));
+    PDKV_RETURN_IF_ERROR(require(pages, "pages"));
+    *pages = sender->sender->decode_prefix_pages();
+    return Status::ok();
+  });
+}
+
+pdkv_status pdkv_sender_metrics(const pdkv_sender* sender, pdkv_transfer_metrics* out) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(sender, "sender"));
+    PDKV_RETURN_IF_ERROR(require(out, "out"));
+    *out = to_c(sender->sender->metrics());
+    return Status::ok();
+  });
+}
+
+pdkv_status pdkv_engine_receiver(pdkv_engine* engine, uint64_t room, const char* prefill_engine,
+                                 uint32_t prefill_dp_rank, pdkv_receiver** out) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(engine, "engine"));
+    PDKV_RETURN_IF_ERROR(require(prefill_engine, "prefill_engine"));
+    PDKV_RETURN_IF_ERROR(require(out, "out"));
+    PDKV_ASSIGN_OR_RETURN(auto receiver,
+                          engine->engine->receiver(room, prefill_engine, prefill_dp_rank));
+    *out = new pdkv_receiver{std::move(receiver)};
+    return Status::ok();
+  });
+}
+
+void pdkv_receiver_destroy(pdkv_receiver* receiver) { delete receiver; }
+
+pdkv_status pdkv_receiver_init(pdkv_receiver* receiver) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(receiver, "receiver"));
+    return receiver->receiver->init();
+  });
+}
+
+pdkv_status pdkv_receiver_send_metadata(pdkv_receiver* receiver, const uint64_t* pages,
+                                        size_t num_pages, uint32_t aux_slot,
+                                        const uint32_t* state_slots, size_t num_state_slots,
+                                        uint64_t prefix_pages) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(receiver, "receiver"));
+    PDKV_RETURN_IF_ERROR(check_pages(pages, num_pages));
+    PDKV_ASSIGN_OR_RETURN(auto state, slots(state_slots, num_state_slots));
+    return receiver->receiver->send_metadata({pages, num_pages}, aux_slot, std::move(state),
+                                             prefix_pages);
+  });
+}
+
+pdkv_status pdkv_receiver_poll(const pdkv_receiver* receiver, pdkv_poll_state* state) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(receiver, "receiver"));
+    PDKV_RETURN_IF_ERROR(require(state, "state"));
+    *state = static_cast<pdkv_poll_state>(receiver->receiver->poll());
+    return Status::ok();
+  });
+}
+
+pdkv_status pdkv_receiver_abort(pdkv_receiver* receiver, const char* reason) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(receiver, "receiver"));
+    receiver->receiver->abort(reason != nullptr ? reason : "aborted by the caller");
+    return Status::ok();
+  });
+}
+
+pdkv_status pdkv_receiver_failure(const pdkv_receiver* receiver) {
+  if (receiver == nullptr) return failure_of(Status::invalid_argument("receiver is NULL"));
+  return failure_of(receiver->receiver->failure());
+}
+
+pdkv_status pdkv_receiver_metrics(const pdkv_receiver* receiver, pdkv_transfer_metrics* out) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(receiver, "receiver"));
+    PDKV_RETURN_IF_ERROR(require(out, "out"));
+    *out = to_c(receiver->receiver->metrics());
+    return Status::ok();
+  });
+}
+
+}  // extern "C"
