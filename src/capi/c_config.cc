@@ -131,42 +131,45 @@ Status set_mla(EngineConfig& c, const std::string& v) {
   return Status::ok();
 }
 
-#define PDKV_FIELD(type, path) \
-  integer_at<type>(#path, [](EngineConfig& c) -> type& { return c.path; })
+// PDKV_FIELD("key", type, field): the key's integer setter for config.field.
+#define PDKV_FIELD(key, type, path)                                             \
+  {                                                                             \
+    key, integer_at<type>(key, [](EngineConfig& c) -> type& { return c.path; }) \
+  }
 
 const std::map<std::string, Setter>& setters() {
   static const std::map<std::string, Setter> table = {
       {"role", choice<Role>("role", {{"prefill", Role::kPrefill}, {"decode", Role::kDecode}},
                             [](EngineConfig& c) -> Role& { return c.role; })},
       {"engine_id", text([](EngineConfig& c) -> std::string& { return c.engine_id; })},
-      {"dp_rank", PDKV_FIELD(uint32_t, dp_rank)},
-      {"dp_size", PDKV_FIELD(uint32_t, dp_size)},
-      {"tp_rank", PDKV_FIELD(uint32_t, tp_rank)},
-      {"tp_size", PDKV_FIELD(uint32_t, tp_size)},
-      {"pp_rank", PDKV_FIELD(uint32_t, pp_rank)},
-      {"pp_size", PDKV_FIELD(uint32_t, pp_size)},
+      PDKV_FIELD("dp_rank", uint32_t, dp_rank),
+      PDKV_FIELD("dp_size", uint32_t, dp_size),
+      PDKV_FIELD("tp_rank", uint32_t, tp_rank),
+      PDKV_FIELD("tp_size", uint32_t, tp_size),
+      PDKV_FIELD("pp_rank", uint32_t, pp_rank),
+      PDKV_FIELD("pp_size", uint32_t, pp_size),
       {"layers", set_layers},
-      {"kv_heads", PDKV_FIELD(uint32_t, kv.total_heads)},
-      {"head_dim", PDKV_FIELD(uint32_t, kv.head_dim)},
-      {"dtype_bytes", PDKV_FIELD(uint32_t, kv.dtype_bytes)},
-      {"page_size", PDKV_FIELD(uint32_t, kv.page_size)},
-      {"num_layers", PDKV_FIELD(uint32_t, kv.num_layers)},
-      {"num_pages", PDKV_FIELD(uint64_t, kv.num_pages)},
+      PDKV_FIELD("kv_heads", uint32_t, kv.total_heads),
+      PDKV_FIELD("head_dim", uint32_t, kv.head_dim),
+      PDKV_FIELD("dtype_bytes", uint32_t, kv.dtype_bytes),
+      PDKV_FIELD("page_size", uint32_t, kv.page_size),
+      PDKV_FIELD("num_layers", uint32_t, kv.num_layers),
+      PDKV_FIELD("num_pages", uint64_t, kv.num_pages),
       {"layout", choice<Layout>("layout", {{"nhd", Layout::kNhd}, {"hnd", Layout::kHnd}},
                                 [](EngineConfig& c) -> Layout& { return c.kv.layout; })},
       {"mla", set_mla},
       {"aux_item_bytes", set_aux_item_bytes},
-      {"aux_slots", PDKV_FIELD(uint32_t, aux_slots)},
-      {"state_channels", PDKV_FIELD(uint32_t, state.channels)},
-      {"state_channel_bytes", PDKV_FIELD(uint32_t, state.channel_bytes)},
-      {"state_slots", PDKV_FIELD(uint32_t, state.num_slots)},
+      PDKV_FIELD("aux_slots", uint32_t, aux_slots),
+      PDKV_FIELD("state_channels", uint32_t, state.channels),
+      PDKV_FIELD("state_channel_bytes", uint32_t, state.channel_bytes),
+      PDKV_FIELD("state_slots", uint32_t, state.num_slots),
       {"staging", choice<Staging>("staging",
                                   {{"off", Staging::kOff},
                                    {"on", Staging::kOn},
                                    {"auto", Staging::kAuto},
                                    {"naive", Staging::kNaive}},
                                   [](EngineConfig& c) -> Staging& { return c.staging; })},
-      {"staging_bytes", PDKV_FIELD(uint64_t, staging_bytes)},
+      PDKV_FIELD("staging_bytes", uint64_t, staging_bytes),
       {"backend", text([](EngineConfig& c) -> std::string& { return c.backend; })},
       {"transport_options", set_transport_options},
       {"bootstrap_address",

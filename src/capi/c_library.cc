@@ -1,6 +1,6 @@
 // The C ABI's library-wide calls: errors, names, versions, transports, the
 // configuration handle and the bootstrap service.
-#include <cstring>
+#include <spdlog/cfg/env.h>
 
 #include "capi/c_handles.h"
 
@@ -11,7 +11,11 @@
 namespace pdkv::capi {
 namespace {
 thread_local std::string last_error;
-}
+
+// A server that loads the library sets pdkv's log levels as the pdkv tool's
+// users do: SPDLOG_LEVEL=warn, or per component (SPDLOG_LEVEL=engine=debug).
+[[maybe_unused]] const bool log_levels_from_env = (spdlog::cfg::load_env_levels(), true);
+}  // namespace
 
 pdkv_status report(const Status& status) {
   if (!status.is_ok()) last_error = status.message();
