@@ -21,6 +21,9 @@ packages=(
   gnuplot-nox                   # pdkv bench --plot
   iproute2                      # ip, tc: the mooncake rails test builds network namespaces
   hipcc                         # HIP path of the GPU staging kernels (compiled, run on AMD GPUs)
+  python3-numpy python3-pytest  # the Python package's tests (Debian's /usr/bin/python3)
+  python3-pip python3-setuptools python3-wheel  # pip install --no-build-isolation ./python
+  python3-torch                 # examples/tiny_llm: a real model through pdkv.sglang
 )
 
 missing=()

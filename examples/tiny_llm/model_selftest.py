@@ -188,7 +188,8 @@ def single_process_case(kv_heads):
     """TP 1 prefill (2 chunks) + decode in shuffled pages, this process."""
     cfg = tiny.ModelConfig(kv_heads=kv_heads)
     model = tiny.TPModel(cfg, tiny.make_weights(cfg), 0, 1)
-    cache = tiny.PagedKVCache(cfg, 1 * kv_heads, NUM_PAGES, PAGE_SIZE)
+    cache = tiny.PagedKVCache(cfg, model.local_kv_heads, NUM_PAGES,
+                              PAGE_SIZE)
     outs = []
     for prompt, pages in zip(PROMPTS, assign_pages(PROMPTS, seed=3)):
         pos = 0
