@@ -41,7 +41,7 @@ This module does not import pdkv; it is the workload, not the transport.
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -165,7 +165,8 @@ def _init_std(name: str, shape: Tuple[int, ...]) -> float:
     return 1.0 / math.sqrt(shape[-1])
 
 
-def make_weights(cfg: ModelConfig, seed: int = 1234) -> Dict[str, torch.Tensor]:
+def make_weights(cfg: ModelConfig,
+                 seed: int = 1234) -> Dict[str, torch.Tensor]:
     """Full (unsharded) float64 weights, identical on every process."""
     gen = torch.Generator().manual_seed(seed)
     weights = {}
