@@ -202,6 +202,35 @@ def test_heterogeneous_tp_sends_each_decode_rank_its_heads(env, p_tp, d_tp, head
     bootstrap.close()
 
 
+def test_mla_pools_arrive_whole_at_every_decode_rank(env):
+    # MLA: one latent buffer per layer, the same on every prefill rank (SGLang
+    # replicates it over TP), so each decode rank must hold the prefill's pages.
+    port = free_port()
+    bootstrap = KVBootstrapServer("127.0.0.1", port)
+    env.setenv("PDKV_ENGINE_ID", "prefill")
+    p_ranks = [Rank(1, 1, r, seed=5) for r in range(2)]
+    d_ranks = [Rank(1, 1, r, seed=60 + r) for r in range(4)]
+    for ranks in (p_ranks, d_ranks):
+        for r in ranks:
+            r.kv = r.kv[:LAYERS]  # one buffer per layer
+            r.args.kv_data_ptrs = r.args.kv_data_ptrs[:LAYERS]
+            r.args.kv_data_lens = r.args.kv_data_lens[:LAYERS]
+            r.args.kv_item_lens = r.args.kv_item_lens[:LAYERS]
+    p_mgrs = [KVManager(r.args, "prefill", server_args(port, 2), is_mla_backend=True)
+              for r in p_ranks]
+    env.setenv("PDKV_ENGINE_ID", "decode-mla")
+    d_mgrs = [KVManager(r.args, "decode", server_args(1, 4), is_mla_backend=True)
+              for r in d_ranks]
+    _, receivers = run_request(p_mgrs, d_mgrs, f"127.0.0.1:{port}", 13, [2, 9], [6, 1],
+                               chunks=[2])
+    assert all(int(r.poll()) == KVPoll.Success for r in receivers)
+    for d in d_ranks:
+        for b in range(LAYERS):
+            for sp, dp in zip([2, 9], [6, 1]):
+                np.testing.assert_array_equal(d.page(b, dp), p_ranks[0].page(b, sp))
+    bootstrap.close()
+
+
 def test_an_empty_last_chunk_still_completes_the_request(env):
     bootstrap, _, p_mgrs, addr = serve_prefill(env, 2, 1)
     _, d_mgrs = serve_decode(env, 2, 1)
