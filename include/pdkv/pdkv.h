@@ -36,7 +36,9 @@
 extern "C" {
 #endif
 
-/* Bumped when this interface changes incompatibly (with the SONAME). */
+/* Bumped when this interface changes incompatibly (with the SONAME).
+ * Every enum has a *_FORCE_INT32_ member: it is int-sized, and a value a
+ * caller passes outside the named ones is refused by name, not undefined. */
 #define PDKV_ABI_VERSION 0
 
 /* The same codes as pdkv::StatusCode, with the same numbers. */
@@ -50,7 +52,8 @@ typedef enum pdkv_status {
   PDKV_UNAVAILABLE = 6,
   PDKV_DEADLINE_EXCEEDED = 7,
   PDKV_ABORTED = 8,
-  PDKV_INTERNAL = 9
+  PDKV_INTERNAL = 9,
+  PDKV_STATUS_FORCE_INT32_ = 0x7fffffff /* not a status: keeps the enum int-sized */
 } pdkv_status;
 
 /* A room's state, ordered as in pdkv/room.h (and SGLang's KVPoll). */
@@ -59,13 +62,15 @@ typedef enum pdkv_poll_state {
   PDKV_POLL_BOOTSTRAPPING = 1,
   PDKV_POLL_WAITING_FOR_INPUT = 2,
   PDKV_POLL_TRANSFERRING = 3,
-  PDKV_POLL_SUCCESS = 4
+  PDKV_POLL_SUCCESS = 4,
+  PDKV_POLL_STATE_FORCE_INT32_ = 0x7fffffff
 } pdkv_poll_state;
 
 typedef enum pdkv_memory_kind {
   PDKV_MEMORY_HOST = 0,
   PDKV_MEMORY_CUDA = 1,
-  PDKV_MEMORY_HIP = 2
+  PDKV_MEMORY_HIP = 2,
+  PDKV_MEMORY_KIND_FORCE_INT32_ = 0x7fffffff
 } pdkv_memory_kind;
 
 /* The library: its version ("0.1.0"), PDKV_ABI_VERSION as built. */
@@ -133,7 +138,8 @@ typedef enum pdkv_pool_kind {
   PDKV_POOL_KV = 0,
   PDKV_POOL_AUX = 1,
   PDKV_POOL_STATE = 2,
-  PDKV_POOL_STAGING = 3
+  PDKV_POOL_STAGING = 3,
+  PDKV_POOL_KIND_FORCE_INT32_ = 0x7fffffff
 } pdkv_pool_kind;
 
 /* ---- Engine ---------------------------------------------------------------- */

@@ -61,8 +61,9 @@ std::vector<pdkv::MemoryRegion> pool_regions(const pdkv::EnginePools& pools, pdk
       return single(pools.state);
     case PDKV_POOL_STAGING:
       return single(pools.staging);
+    default:  // refused by check_pool_kind before
+      return {};
   }
-  return {};
 }
 
 Status check_pool_kind(pdkv_pool_kind kind) {

@@ -79,6 +79,7 @@ def free_port():
 
 
 def serve_prefill(env, total_heads, tp, seed=1):
+    """A prefill server; the caller keeps the ranks (their buffers) alive, as SGLang does."""
     port = free_port()
     bootstrap = KVBootstrapServer("127.0.0.1", port)  # disagg_service.start_disagg_service
     ranks = [Rank(total_heads, tp, r, seed + r) for r in range(tp)]
@@ -232,8 +233,8 @@ def test_mla_pools_arrive_whole_at_every_decode_rank(env):
 
 
 def test_an_empty_last_chunk_still_completes_the_request(env):
-    bootstrap, _, p_mgrs, addr = serve_prefill(env, 2, 1)
-    _, d_mgrs = serve_decode(env, 2, 1)
+    bootstrap, p_ranks, p_mgrs, addr = serve_prefill(env, 2, 1)
+    d_ranks, d_mgrs = serve_decode(env, 2, 1)
     _, receivers = run_request(p_mgrs, d_mgrs, addr, 11, [4, 6], [2, 3], chunks=[2, 2])
     assert int(receivers[0].poll()) == KVPoll.Success
     bootstrap.close()
@@ -269,8 +270,8 @@ def test_one_decode_server_is_fed_by_two_prefill_servers(env):
 
 
 def test_a_decode_abort_fails_the_prefill_with_a_kv_transfer_error(env):
-    bootstrap, _, p_mgrs, addr = serve_prefill(env, 2, 1)
-    _, d_mgrs = serve_decode(env, 2, 1)
+    bootstrap, p_ranks, p_mgrs, addr = serve_prefill(env, 2, 1)
+    d_ranks, d_mgrs = serve_decode(env, 2, 1)
     engines = engines_of(p_mgrs, d_mgrs)
     sender = KVSender(p_mgrs[0], addr, 31, [0], 0)
     receiver = KVReceiver(d_mgrs[0], addr, 31)
