@@ -26,8 +26,18 @@ pdkv_transfer_metrics to_c(const pdkv::TransferMetrics& m) {
                                m.retries};
 }
 
-// A failed room's reason as this thread's last error, and its code.
-pdkv_status failure_of(const Status& failure) { return pdkv::capi::report(failure); }
+// A failed room's reason as this thread's last error (unprefixed: it is the
+// room's own reason), and its code.
+template <typename Room>
+pdkv_status failure_of(const Room* room, const char* name) noexcept {
+  try {
+    if (room == nullptr)
+      return pdkv::capi::report(Status::invalid_argument(std::string(name) + " is NULL"));
+    return pdkv::capi::report(room->failure());
+  } catch (const std::exception& e) {
+    return pdkv::capi::report(Status::internal(e.what()));
+  }
+}
 
 }  // namespace
 
@@ -87,8 +97,7 @@ pdkv_status pdkv_sender_abort(pdkv_sender* sender, const char* reason) {
 }
 
 pdkv_status pdkv_sender_failure(const pdkv_sender* sender) {
-  if (sender == nullptr) return failure_of(Status::invalid_argument("sender is NULL"));
-  return failure_of(sender->sender->failure());
+  return failure_of(sender != nullptr ? sender->sender.get() : nullptr, "sender");
 }
 
 pdkv_status pdkv_sender_decode_prefix_pages(const pdkv_sender* sender, uint64_t* pages) {
@@ -162,8 +171,7 @@ pdkv_status pdkv_receiver_abort(pdkv_receiver* receiver, const char* reason) {
 }
 
 pdkv_status pdkv_receiver_failure(const pdkv_receiver* receiver) {
-  if (receiver == nullptr) return failure_of(Status::invalid_argument("receiver is NULL"));
-  return failure_of(receiver->receiver->failure());
+  return failure_of(receiver != nullptr ? receiver->receiver.get() : nullptr, "receiver");
 }
 
 pdkv_status pdkv_receiver_metrics(const pdkv_receiver* receiver, pdkv_transfer_metrics* out) {
