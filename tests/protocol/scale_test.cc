@@ -63,7 +63,12 @@ TEST(Scale, TenThousandRoomsAtOnceArriveByteExact) {
 TEST(Scale, AnEnginesThreadsDoNotGrowWithItsPeers) {
   // One prefill rank, 64 decode ranks (64 KV heads): the prefill engine
   // opens a control link and a transport connection to each.
-  auto c = Cluster::start(tiny(1, 64, 64, 4));
+  ClusterSpec spec = tiny(1, 64, 64, 4);
+  // 64 ranks dialling one at once, under a sanitizer and a parallel test,
+  // can see refusals for over a second (gRPC's reconnect backoff), which the
+  // default 1 s keepalive takes for a dead peer; this test counts threads.
+  spec.timeouts.keepalive = std::chrono::milliseconds(5'000);
+  auto c = Cluster::start(spec);
   ASSERT_NE(c, nullptr);
   const size_t before = testing::thread_count();
   c->fill(1, first_pages(1), 0, {});
