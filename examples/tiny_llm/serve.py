@@ -116,7 +116,7 @@ class Side:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: rooms still in states {states} after "
                                    f"{POLL_DEADLINE_S} s")
-            for engine in self.manager._engines.values():
+            for engine in self.manager.engines():
                 engine.wait_for_changes(0.01)
 
 

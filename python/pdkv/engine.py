@@ -179,7 +179,6 @@ class Receiver(_Room):
 
 
 _POOL_KINDS = {"kv": 0, "aux": 1, "state": 2, "staging": 3}
-_KIND_NAMES = {0: "host", 1: "cuda", 2: "hip"}
 
 
 class Engine(_Handle):
@@ -232,7 +231,7 @@ class Engine(_Handle):
         for i in range(count.value):
             r = _native.Region()
             check(lib.pdkv_engine_region(self.handle, _POOL_KINDS[pool], i, ctypes.byref(r)))
-            regions.append(Region(r.base or 0, r.length, _KIND_NAMES[r.kind], r.device))
+            regions.append(Region.from_c(r))
         return regions
 
     def host_view(self, region):

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from pdkv import _native
 
-HOST, CUDA, HIP = 0, 1, 2
-_KIND_NAMES = {"host": HOST, "cpu": HOST, "cuda": CUDA, "hip": HIP}
+# pdkv_memory_kind's numbers by name; "cpu" is torch's word for host memory.
+_KINDS = {"host": 0, "cpu": 0, "cuda": 1, "hip": 2}
+_KIND_NAMES = {0: "host", 1: "cuda", 2: "hip"}
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,13 @@ class Region:
     device: int = 0
 
     def to_c(self):
-        if self.kind not in _KIND_NAMES:
+        if self.kind not in _KINDS:
             raise ValueError(f"memory kind {self.kind!r} is none of host, cuda, hip")
-        return _native.Region(self.base, self.length, _KIND_NAMES[self.kind], self.device)
+        return _native.Region(self.base, self.length, _KINDS[self.kind], self.device)
+
+    @staticmethod
+    def from_c(region):
+        return Region(region.base or 0, region.length, _KIND_NAMES[region.kind], region.device)
 
 
 def _is_torch_tensor(obj):

@@ -28,12 +28,14 @@ struct pdkv_engine {
   std::deque<pdkv::RoomId> untaken_changes;
 };
 
+// A room's handle, either role: the calls both roles have are written once
+// (c_rooms.cc) over `room`.
 struct pdkv_sender {
-  std::unique_ptr<pdkv::Sender> sender;
+  std::unique_ptr<pdkv::Sender> room;
 };
 
 struct pdkv_receiver {
-  std::unique_ptr<pdkv::Receiver> receiver;
+  std::unique_ptr<pdkv::Receiver> room;
 };
 
 struct pdkv_bootstrap_server {
@@ -48,16 +50,20 @@ pdkv_status report(const Status& status);
 // Refuses a NULL pointer argument, naming it.
 Status require(const void* pointer, const char* name);
 
-// Runs `body` (returning Status) with exceptions turned into PDKV_INTERNAL.
+// Runs `body` (returning Status) with exceptions turned into PDKV_INTERNAL;
+// a failure's message is prefixed with `context` (the function's name), or
+// left as it is with nullptr.
 template <typename Body>
-pdkv_status c_call(const char* function, Body&& body) noexcept {
+pdkv_status c_call(const char* context, Body&& body) noexcept {
+  const auto in_context = [context](const Status& s) {
+    return context != nullptr ? s.with_context(context) : s;
+  };
   try {
-    Status status = body();
-    return report(status.is_ok() ? status : status.with_context(function));
+    return report(in_context(body()));
   } catch (const std::exception& e) {
-    return report(Status::internal(std::string(function) + ": " + e.what()));
+    return report(in_context(Status::internal(e.what())));
   } catch (...) {
-    return report(Status::internal(std::string(function) + ": unknown exception"));
+    return report(in_context(Status::internal("unknown exception")));
   }
 }
 

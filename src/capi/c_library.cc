@@ -57,13 +57,17 @@ const char* pdkv_poll_state_name(pdkv_poll_state state) {
 
 const char* pdkv_last_error(void) { return pdkv::capi::last_error.c_str(); }
 
-size_t pdkv_transport_count(void) { return pdkv::transport_names().size(); }
+// Transports register at load time and never change: their names are kept
+// once, for the caller's pointers.
+static const std::vector<std::string>& transports() {
+  static const std::vector<std::string> names = pdkv::transport_names();
+  return names;
+}
+
+size_t pdkv_transport_count(void) { return transports().size(); }
 
 const char* pdkv_transport_name(size_t index) {
-  // Names are registered at load time and never change: keep them for the
-  // caller's pointer.
-  static const std::vector<std::string> names = pdkv::transport_names();
-  return index < names.size() ? names[index].c_str() : nullptr;
+  return index < transports().size() ? transports()[index].c_str() : nullptr;
 }
 
 pdkv_status pdkv_config_create(pdkv_config** out) {

@@ -21,22 +21,49 @@ Status check_pages(const uint64_t* pages, size_t count) {
   return Status::ok();
 }
 
-pdkv_transfer_metrics to_c(const pdkv::TransferMetrics& m) {
-  return pdkv_transfer_metrics{m.bytes, static_cast<uint64_t>(m.latency.count()), m.staged ? 1 : 0,
-                               m.retries};
+// The calls Sender and Receiver share, over either handle; `name` is the
+// handle's parameter name, for the refusal of a NULL one.
+template <typename Handle>
+pdkv_status poll_room(const char* function, const Handle* handle, const char* name,
+                      pdkv_poll_state* state) {
+  return c_call(function, [&] {
+    PDKV_RETURN_IF_ERROR(require(handle, name));
+    PDKV_RETURN_IF_ERROR(require(state, "state"));
+    *state = static_cast<pdkv_poll_state>(handle->room->poll());
+    return Status::ok();
+  });
+}
+
+template <typename Handle>
+pdkv_status abort_room(const char* function, Handle* handle, const char* name, const char* reason) {
+  return c_call(function, [&] {
+    PDKV_RETURN_IF_ERROR(require(handle, name));
+    handle->room->abort(reason != nullptr ? reason : "aborted by the caller");
+    return Status::ok();
+  });
 }
 
 // A failed room's reason as this thread's last error (unprefixed: it is the
 // room's own reason), and its code.
-template <typename Room>
-pdkv_status failure_of(const Room* room, const char* name) noexcept {
-  try {
-    if (room == nullptr)
-      return pdkv::capi::report(Status::invalid_argument(std::string(name) + " is NULL"));
-    return pdkv::capi::report(room->failure());
-  } catch (const std::exception& e) {
-    return pdkv::capi::report(Status::internal(e.what()));
-  }
+template <typename Handle>
+pdkv_status room_failure(const Handle* handle, const char* name) {
+  return c_call(nullptr, [&] {
+    PDKV_RETURN_IF_ERROR(require(handle, name));
+    return handle->room->failure();
+  });
+}
+
+template <typename Handle>
+pdkv_status room_metrics(const char* function, const Handle* handle, const char* name,
+                         pdkv_transfer_metrics* out) {
+  return c_call(function, [&] {
+    PDKV_RETURN_IF_ERROR(require(handle, name));
+    PDKV_RETURN_IF_ERROR(require(out, "out"));
+    const pdkv::TransferMetrics m = handle->room->metrics();
+    *out = pdkv_transfer_metrics{m.bytes, static_cast<uint64_t>(m.latency.count()),
+                                 m.staged ? 1 : 0, m.retries};
+    return Status::ok();
+  });
 }
 
 }  // namespace
@@ -66,7 +93,7 @@ pdkv_status pdkv_sender_init(pdkv_sender* sender, uint64_t num_pages, uint32_t a
   return c_call(__func__, [&] {
     PDKV_RETURN_IF_ERROR(require(sender, "sender"));
     PDKV_ASSIGN_OR_RETURN(auto state, slots(state_slots, num_state_slots));
-    return sender->sender->init(num_pages, aux_slot, std::move(state));
+    return sender->room->init(num_pages, aux_slot, std::move(state));
   });
 }
 
@@ -75,47 +102,33 @@ pdkv_status pdkv_sender_send(pdkv_sender* sender, const uint64_t* pages, size_t 
   return c_call(__func__, [&] {
     PDKV_RETURN_IF_ERROR(require(sender, "sender"));
     PDKV_RETURN_IF_ERROR(check_pages(pages, num_pages));
-    return sender->sender->send({pages, num_pages}, is_last != 0);
+    return sender->room->send({pages, num_pages}, is_last != 0);
   });
 }
 
 pdkv_status pdkv_sender_poll(const pdkv_sender* sender, pdkv_poll_state* state) {
-  return c_call(__func__, [&] {
-    PDKV_RETURN_IF_ERROR(require(sender, "sender"));
-    PDKV_RETURN_IF_ERROR(require(state, "state"));
-    *state = static_cast<pdkv_poll_state>(sender->sender->poll());
-    return Status::ok();
-  });
+  return poll_room(__func__, sender, "sender", state);
 }
 
 pdkv_status pdkv_sender_abort(pdkv_sender* sender, const char* reason) {
-  return c_call(__func__, [&] {
-    PDKV_RETURN_IF_ERROR(require(sender, "sender"));
-    sender->sender->abort(reason != nullptr ? reason : "aborted by the caller");
-    return Status::ok();
-  });
+  return abort_room(__func__, sender, "sender", reason);
 }
 
 pdkv_status pdkv_sender_failure(const pdkv_sender* sender) {
-  return failure_of(sender != nullptr ? sender->sender.get() : nullptr, "sender");
+  return room_failure(sender, "sender");
 }
 
 pdkv_status pdkv_sender_decode_prefix_pages(const pdkv_sender* sender, uint64_t* pages) {
   return c_call(__func__, [&] {
     PDKV_RETURN_IF_ERROR(require(sender, "sender"));
     PDKV_RETURN_IF_ERROR(require(pages, "pages"));
-    *pages = sender->sender->decode_prefix_pages();
+    *pages = sender->room->decode_prefix_pages();
     return Status::ok();
   });
 }
 
 pdkv_status pdkv_sender_metrics(const pdkv_sender* sender, pdkv_transfer_metrics* out) {
-  return c_call(__func__, [&] {
-    PDKV_RETURN_IF_ERROR(require(sender, "sender"));
-    PDKV_RETURN_IF_ERROR(require(out, "out"));
-    *out = to_c(sender->sender->metrics());
-    return Status::ok();
-  });
+  return room_metrics(__func__, sender, "sender", out);
 }
 
 pdkv_status pdkv_engine_receiver(pdkv_engine* engine, uint64_t room, const char* prefill_engine,
@@ -136,7 +149,7 @@ void pdkv_receiver_destroy(pdkv_receiver* receiver) { delete receiver; }
 pdkv_status pdkv_receiver_init(pdkv_receiver* receiver) {
   return c_call(__func__, [&] {
     PDKV_RETURN_IF_ERROR(require(receiver, "receiver"));
-    return receiver->receiver->init();
+    return receiver->room->init();
   });
 }
 
@@ -148,39 +161,25 @@ pdkv_status pdkv_receiver_send_metadata(pdkv_receiver* receiver, const uint64_t*
     PDKV_RETURN_IF_ERROR(require(receiver, "receiver"));
     PDKV_RETURN_IF_ERROR(check_pages(pages, num_pages));
     PDKV_ASSIGN_OR_RETURN(auto state, slots(state_slots, num_state_slots));
-    return receiver->receiver->send_metadata({pages, num_pages}, aux_slot, std::move(state),
-                                             prefix_pages);
+    return receiver->room->send_metadata({pages, num_pages}, aux_slot, std::move(state),
+                                         prefix_pages);
   });
 }
 
 pdkv_status pdkv_receiver_poll(const pdkv_receiver* receiver, pdkv_poll_state* state) {
-  return c_call(__func__, [&] {
-    PDKV_RETURN_IF_ERROR(require(receiver, "receiver"));
-    PDKV_RETURN_IF_ERROR(require(state, "state"));
-    *state = static_cast<pdkv_poll_state>(receiver->receiver->poll());
-    return Status::ok();
-  });
+  return poll_room(__func__, receiver, "receiver", state);
 }
 
 pdkv_status pdkv_receiver_abort(pdkv_receiver* receiver, const char* reason) {
-  return c_call(__func__, [&] {
-    PDKV_RETURN_IF_ERROR(require(receiver, "receiver"));
-    receiver->receiver->abort(reason != nullptr ? reason : "aborted by the caller");
-    return Status::ok();
-  });
+  return abort_room(__func__, receiver, "receiver", reason);
 }
 
 pdkv_status pdkv_receiver_failure(const pdkv_receiver* receiver) {
-  return failure_of(receiver != nullptr ? receiver->receiver.get() : nullptr, "receiver");
+  return room_failure(receiver, "receiver");
 }
 
 pdkv_status pdkv_receiver_metrics(const pdkv_receiver* receiver, pdkv_transfer_metrics* out) {
-  return c_call(__func__, [&] {
-    PDKV_RETURN_IF_ERROR(require(receiver, "receiver"));
-    PDKV_RETURN_IF_ERROR(require(out, "out"));
-    *out = to_c(receiver->receiver->metrics());
-    return Status::ok();
-  });
+  return room_metrics(__func__, receiver, "receiver", out);
 }
 
 }  // extern "C"

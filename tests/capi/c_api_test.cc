@@ -199,6 +199,16 @@ TEST_F(CApi, ASenderOutlivesItsEngineAndReportsTheShutdown) {
   pdkv_sender_destroy(sender);
 }
 
+// Waits (10 s at most) until a room of `engine` changed, and takes the changes.
+void take_next_changes(pdkv_engine* engine, const char* awaited) {
+  int32_t changed = 0;
+  ASSERT_EQ(pdkv_engine_wait_for_changes(engine, 10'000, &changed), PDKV_OK);
+  ASSERT_EQ(changed, 1) << awaited << " did not arrive within 10 s";
+  size_t count = 0;
+  uint64_t taken[4];
+  ASSERT_EQ(pdkv_engine_take_changed_rooms(engine, taken, 4, &count), PDKV_OK);
+}
+
 TEST_F(CApi, ARoomFailsAtItsPeerWithTheAbortReason) {
   pdkv_engine* prefill = start("prefill", "p");
   pdkv_engine* decode = start("decode", "d");
@@ -211,23 +221,13 @@ TEST_F(CApi, ARoomFailsAtItsPeerWithTheAbortReason) {
   ASSERT_EQ(pdkv_receiver_send_metadata(receiver, pages, 2, 1, nullptr, 0, 0), PDKV_OK);
   pdkv_poll_state state = PDKV_POLL_BOOTSTRAPPING;
   while (state == PDKV_POLL_BOOTSTRAPPING) {
-    int32_t changed = 0;
-    ASSERT_EQ(pdkv_engine_wait_for_changes(prefill, 10'000, &changed), PDKV_OK);
-    ASSERT_EQ(changed, 1) << "the metadata did not arrive within 10 s";
-    size_t count = 0;
-    uint64_t taken[4];
-    ASSERT_EQ(pdkv_engine_take_changed_rooms(prefill, taken, 4, &count), PDKV_OK);
+    ASSERT_NO_FATAL_FAILURE(take_next_changes(prefill, "the metadata"));
     ASSERT_EQ(pdkv_sender_poll(sender, &state), PDKV_OK);
   }
   ASSERT_EQ(state, PDKV_POLL_WAITING_FOR_INPUT);
   ASSERT_EQ(pdkv_sender_abort(sender, "the client went away"), PDKV_OK);
   while (state != PDKV_POLL_FAILED) {
-    int32_t changed = 0;
-    ASSERT_EQ(pdkv_engine_wait_for_changes(decode, 10'000, &changed), PDKV_OK);
-    ASSERT_EQ(changed, 1) << "the abort did not reach the decode within 10 s";
-    size_t count = 0;
-    uint64_t taken[4];
-    ASSERT_EQ(pdkv_engine_take_changed_rooms(decode, taken, 4, &count), PDKV_OK);
+    ASSERT_NO_FATAL_FAILURE(take_next_changes(decode, "the abort"));
     ASSERT_EQ(pdkv_receiver_poll(receiver, &state), PDKV_OK);
   }
   EXPECT_EQ(pdkv_receiver_failure(receiver), PDKV_ABORTED);

@@ -2,13 +2,9 @@
 bootstrap server per test, and the wait for rooms to end (on the engine's
 change notifications, never on a sleep)."""
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.environ.get("PDKV_PYTHONPATH", ""))
-import pdkv  # noqa: E402
+import pdkv
 
 BACKENDS = [b for b in ("nixl", "mooncake", "mori") if b in pdkv.transport_names()]
 

@@ -19,7 +19,6 @@ import types
 import numpy as np
 import pytest
 
-import pdkv
 from conftest import BACKENDS
 from pdkv.sglang import (KVArgs, KVBootstrapServer, KVManager, KVPoll, KVReceiver, KVSender,
                          KVTransferError, UnsupportedByPdkv)
@@ -116,7 +115,7 @@ def poll_all(rooms, engines):
 
 
 def engines_of(*manager_lists):
-    return [e for ms in manager_lists for m in ms for e in m._engines.values()]
+    return [e for ms in manager_lists for m in ms for e in m.engines()]
 
 
 def run_request(p_mgrs, d_mgrs, addr, room, src_pages, dst_pages, chunks, aux=(1, 2),
@@ -264,7 +263,7 @@ def test_one_decode_server_is_fed_by_two_prefill_servers(env):
         _, receivers = run_request(p_mgrs, d_mgrs, addr, room, [8, 9], dst, chunks=[2])
         assert int(receivers[0].poll()) == KVPoll.Success, room
         check_pages(p_ranks, d_ranks, 2, [8, 9], dst)
-    assert len(d_mgrs[0]._engines) == 2  # one engine per prefill bootstrap service
+    assert len(d_mgrs[0].engines()) == 2  # one engine per prefill bootstrap service
     first[0].close()
     second[0].close()
 

@@ -85,11 +85,11 @@ class KVManager:
         aux, aux_ptrs = settings.aux_shape(args)
         self.page_size = server["page_size"]
         self.tp_size = server["tp_size"]
-        self.tp_rank = settings._field(args, "engine_rank", "KVArgs") % self.tp_size
+        self.tp_rank = settings.required_field(args, "engine_rank", "KVArgs") % self.tp_size
         self._check_heads(kv["kv_heads"], heads_local)
         self._bootstrap_host = settings.reachable_host(
-            server["dist_init_addr"].rpartition(":")[0] if server["dist_init_addr"]
-            else server["host"])
+            settings.split_host_port(server["dist_init_addr"], "server_args.dist_init_addr")[0]
+            if server["dist_init_addr"] else server["host"])
         self._config = dict(
             kv, **aux, role=self.mode, tp_rank=self.tp_rank, tp_size=self.tp_size,
             dp_size=server["dp_size"], dp_rank=getattr(args, "system_dp_rank", 0) or 0,
@@ -162,6 +162,11 @@ class KVManager:
     def prefill_engine(self):
         return next(iter(self._engines.values()))
 
+    def engines(self):
+        """The engines made so far (for waiting on their change notifications)."""
+        with self._engines_lock:
+            return list(self._engines.values())
+
     def try_ensure_parallel_info(self, bootstrap_addr):
         """SGLang's decode scheduler asks before init(); pdkv finds the prefill's
         topology itself (after init), so there is nothing to fetch first."""
@@ -190,6 +195,19 @@ class _Room:
     def _fail_here(self, error):
         self._failure = str(error)
         self.conclude_state = KVPoll.Failed
+
+    def _fail_and_abort(self, error):
+        """A refusal here fails the room at its peers too."""
+        self._fail_here(error)
+        if self._room is not None:
+            self._room.abort(self._failure)
+
+    def _guarded(self, method, *args):
+        """A pdkv call whose refusal fails the room (SGLang polls for it, it does not catch)."""
+        try:
+            method(*args)
+        except pdkv.PdkvError as error:
+            self._fail_and_abort(error)
 
     def poll(self):
         if self.conclude_state is not None:
@@ -248,14 +266,7 @@ class KVSender(_Room):
         self.num_kv_indices = int(num_kv_indices)
         self.aux_index = aux_index
         if self._room is not None:
-            self._call(self._room.init, self.num_kv_indices, aux_index or 0)
-
-    def _call(self, method, *args):
-        try:
-            method(*args)
-        except pdkv.PdkvError as error:
-            self._fail_here(error)
-            self._room.abort(str(error))
+            self._guarded(self._room.init, self.num_kv_indices, aux_index or 0)
 
     def should_send_kv_chunk(self, num_pages, last_chunk):
         """SGLang asks before each send(): the last chunk goes even without pages,
@@ -275,10 +286,8 @@ class KVSender(_Room):
         pages = [int(p) for p in kv_indices]
         self.curr_idx += len(pages)
         if self.curr_idx > self.num_kv_indices:
-            self._fail_here(f"{self.curr_idx} pages sent, more than the {self.num_kv_indices} "
-                            "given to init()")
-            if self._room is not None:
-                self._room.abort(self._failure)
+            self._fail_and_abort(f"{self.curr_idx} pages sent, more than the "
+                                 f"{self.num_kv_indices} given to init()")
             return
         # SGLang's scheduler says which chunk is last (should_send_kv_chunk);
         # a caller that does not say is judged by the page count, as SGLang's
@@ -286,13 +295,11 @@ class KVSender(_Room):
         announced, self._announced_last = self._announced_last, None
         is_last = announced if announced is not None else self.curr_idx == self.num_kv_indices
         if is_last and self.curr_idx != self.num_kv_indices:
-            self._fail_here(f"the last chunk leaves {self.curr_idx} of the "
-                            f"{self.num_kv_indices} pages given to init() sent")
-            if self._room is not None:
-                self._room.abort(self._failure)
+            self._fail_and_abort(f"the last chunk leaves {self.curr_idx} of the "
+                                 f"{self.num_kv_indices} pages given to init() sent")
             return
         if self._room is not None and self.conclude_state is None:
-            self._call(self._room.send, pages, is_last)
+            self._guarded(self._room.send, pages, is_last)
 
     def pop_decode_prefix_len(self):
         """Tokens the decode side holds already (known once out of Bootstrapping)."""
@@ -339,12 +346,8 @@ class KVReceiver(_Room):
                 f"decode_prefix_len={prefix} is not whole pages of {self.kv_mgr.page_size}")
         if self._room is None or self.conclude_state is not None:
             return
-        try:
-            self._room.send_metadata([int(p) for p in kv_indices], aux_index or 0,
-                                     prefix_pages=prefix // self.kv_mgr.page_size)
-        except pdkv.PdkvError as error:
-            self._fail_here(error)
-            self._room.abort(str(error))
+        self._guarded(self._room.send_metadata, [int(p) for p in kv_indices], aux_index or 0,
+                      None, prefix // self.kv_mgr.page_size)
 
 
 class KVBootstrapServer:

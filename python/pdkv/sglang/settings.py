@@ -32,7 +32,7 @@ class UnsupportedByPdkv(ValueError):
     """An SGLang setting pdkv.sglang does not support yet."""
 
 
-def _field(obj, name, what):
+def required_field(obj, name, what):
     if not hasattr(obj, name):
         raise ValueError(f"{what}.{name} is not set: pdkv.sglang needs it")
     return getattr(obj, name)
@@ -48,7 +48,7 @@ def mode_name(mode):
 
 def server_settings(server_args):
     """The server_args fields pdkv reads, checked; refuses what it cannot do yet."""
-    values = {name: _field(server_args, name, "server_args") for name in SERVER_ARGS}
+    values = {name: required_field(server_args, name, "server_args") for name in SERVER_ARGS}
     if values["enable_dp_attention"]:
         raise UnsupportedByPdkv("server_args.enable_dp_attention=True: pdkv.sglang does not "
                                 "support DP attention yet")
@@ -109,7 +109,7 @@ def bytes_per_element(head_bytes):
 
 def kv_shape(args, page_size, is_mla):
     """KvSpec keys and the number of layers from KVArgs (SGLang's item lengths)."""
-    ptrs, lens, items = (list(_field(args, n, "KVArgs"))
+    ptrs, lens, items = (list(required_field(args, n, "KVArgs"))
                          for n in ("kv_data_ptrs", "kv_data_lens", "kv_item_lens"))
     if not ptrs or len(ptrs) != len(lens) or len(ptrs) != len(items):
         raise ValueError(f"KVArgs: {len(ptrs)} kv_data_ptrs, {len(lens)} kv_data_lens and "
@@ -122,11 +122,11 @@ def kv_shape(args, page_size, is_mla):
     if len(ptrs) % buffers_per_layer:
         raise ValueError(f"KVArgs: {len(ptrs)} kv_data_ptrs is odd: expected K layers then V "
                          "layers")
-    if _field(args, "page_size", "KVArgs") != page_size:
+    if required_field(args, "page_size", "KVArgs") != page_size:
         raise ValueError(f"KVArgs.page_size={args.page_size} but server_args.page_size="
                          f"{page_size}")
-    heads_local = 1 if is_mla else _field(args, "kv_head_num", "KVArgs")
-    total_heads = 1 if is_mla else _field(args, "total_kv_head_num", "KVArgs")
+    heads_local = 1 if is_mla else required_field(args, "kv_head_num", "KVArgs")
+    total_heads = 1 if is_mla else required_field(args, "total_kv_head_num", "KVArgs")
     item = items[0]
     if item % (page_size * heads_local):
         raise ValueError(f"KVArgs.kv_item_lens[0]={item} is not page_size {page_size} x "
