@@ -24,6 +24,9 @@ packages=(
   python3-numpy python3-pytest  # the Python package's tests (Debian's /usr/bin/python3)
   python3-pip python3-setuptools python3-wheel  # pip install --no-build-isolation ./python
   python3-torch                 # examples/tiny_llm: a real model through pdkv.sglang
+  libssl-dev                    # HMAC-SHA256 of the authenticated control plane
+  clang-14 libfuzzer-14-dev     # tests/fuzz: libFuzzer targets (build-fuzz/)
+  openssl                       # the TLS tests make a throwaway CA and certificates
 )
 
 missing=()

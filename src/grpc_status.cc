@@ -39,6 +39,12 @@ grpc::Status to_grpc(const Status& s) {
     case pdkv::StatusCode::kInternal:
       code = StatusCode::INTERNAL;
       break;
+    case pdkv::StatusCode::kUnauthenticated:
+      code = StatusCode::UNAUTHENTICATED;
+      break;
+    case pdkv::StatusCode::kResourceExhausted:
+      code = StatusCode::RESOURCE_EXHAUSTED;
+      break;
   }
   return {code, s.message()};
 }
@@ -69,6 +75,12 @@ Status from_grpc(const grpc::Status& s, const std::string& context) {
       break;
     case StatusCode::DEADLINE_EXCEEDED:
       code = pdkv::StatusCode::kDeadlineExceeded;
+      break;
+    case StatusCode::UNAUTHENTICATED:
+      code = pdkv::StatusCode::kUnauthenticated;
+      break;
+    case StatusCode::RESOURCE_EXHAUSTED:
+      code = pdkv::StatusCode::kResourceExhausted;
       break;
     case StatusCode::ABORTED:
     case StatusCode::CANCELLED:

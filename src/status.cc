@@ -27,6 +27,10 @@ const char* status_code_name(StatusCode code) {
       return "aborted";
     case StatusCode::kInternal:
       return "internal";
+    case StatusCode::kUnauthenticated:
+      return "unauthenticated";
+    case StatusCode::kResourceExhausted:
+      return "resource_exhausted";
   }
   return "unknown";
 }

@@ -14,14 +14,18 @@
 #include <memory>
 #include <string>
 
+#include "pdkv/security.h"
 #include "pdkv/status.h"
 
 namespace pdkv {
 
 class BootstrapServer {
  public:
-  // `address` is host:port; port 0 picks a free one (see port()).
-  static Result<std::unique_ptr<BootstrapServer>> start(const std::string& address);
+  // `address` is host:port; port 0 picks a free one (see port()). With a
+  // secret in `security`, only callers holding it are served.
+  static Result<std::unique_ptr<BootstrapServer>> start(const std::string& address,
+                                                        const Security& security = {},
+                                                        const Limits& limits = {});
   ~BootstrapServer();
 
   int port() const;

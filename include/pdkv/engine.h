@@ -47,6 +47,7 @@
 #include "pdkv/faults.h"
 #include "pdkv/kv_spec.h"
 #include "pdkv/room.h"
+#include "pdkv/security.h"
 #include "pdkv/sharding.h"
 #include "pdkv/status.h"
 #include "pdkv/transport.h"
@@ -115,6 +116,10 @@ struct EngineConfig {
   Timeouts timeouts;
   // Wraps the transport in the fault-injecting decorator (pdkv/faults.h).
   FaultSpec faults;
+  // The cluster secret (and TLS): every rank and the bootstrap service of one
+  // cluster need the same (pdkv/security.h, docs/security.md).
+  Security security;
+  Limits limits;
 };
 
 // The rank's memory, registered once with the transport at Engine::create.

@@ -53,6 +53,8 @@ typedef enum pdkv_status {
   PDKV_DEADLINE_EXCEEDED = 7,
   PDKV_ABORTED = 8,
   PDKV_INTERNAL = 9,
+  PDKV_UNAUTHENTICATED = 10,
+  PDKV_RESOURCE_EXHAUSTED = 11,
   PDKV_STATUS_FORCE_INT32_ = 0x7fffffff /* not a status: keeps the enum int-sized */
 } pdkv_status;
 

@@ -27,6 +27,8 @@ enum class StatusCode : uint8_t {
   kDeadlineExceeded,    // a configured timeout expired
   kAborted,             // the peer or the caller aborted the room
   kInternal,            // a transport or library failure
+  kUnauthenticated,     // the caller did not prove it holds the cluster secret
+  kResourceExhausted,   // a configured bound (pdkv::Limits) would be exceeded
 };
 
 // Stable, lower-case name of a code ("invalid_argument"), for logs and JSON.
@@ -53,6 +55,12 @@ class [[nodiscard]] Status {
   }
   static Status aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
   static Status internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status unauthenticated(std::string m) {
+    return {StatusCode::kUnauthenticated, std::move(m)};
+  }
+  static Status resource_exhausted(std::string m) {
+    return {StatusCode::kResourceExhausted, std::move(m)};
+  }
 
   bool is_ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

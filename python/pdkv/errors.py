@@ -17,6 +17,8 @@ class StatusCode(enum.IntEnum):
     DEADLINE_EXCEEDED = 7
     ABORTED = 8
     INTERNAL = 9
+    UNAUTHENTICATED = 10
+    RESOURCE_EXHAUSTED = 11
 
 
 class PdkvError(Exception):

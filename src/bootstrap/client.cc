@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "grpc_status.h"
+#include "security/grpc_security.h"
 
 namespace pdkv::bootstrap {
 namespace {
@@ -15,17 +16,19 @@ void set_deadline(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) {
 // second (gRPC's default backoff grows to two minutes), so that ranks
 // register again, and lookups resume, moments after it is back. (Not
 // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: that bounds each connect attempt.)
-std::shared_ptr<grpc::Channel> bootstrap_channel(const std::string& address) {
+std::shared_ptr<grpc::Channel> bootstrap_channel(const std::string& address,
+                                                 const Security& security) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return security::make_channel(address, args, security);
 }
 
 }  // namespace
 
-Client::Client(std::string address)
-    : address_(std::move(address)), stub_(proto::Bootstrap::NewStub(bootstrap_channel(address_))) {}
+Client::Client(std::string address, const Security& security)
+    : address_(std::move(address)),
+      stub_(proto::Bootstrap::NewStub(bootstrap_channel(address_, security))) {}
 
 Result<bool> Client::register_rank(const proto::RankInfo& rank, std::chrono::milliseconds timeout) {
   proto::RegisterRankRequest request;

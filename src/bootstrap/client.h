@@ -10,13 +10,14 @@
 #include <vector>
 
 #include "pdkv.grpc.pb.h"
+#include "pdkv/security.h"
 #include "pdkv/status.h"
 
 namespace pdkv::bootstrap {
 
 class Client {
  public:
-  explicit Client(std::string address);
+  Client(std::string address, const Security& security);
 
   // Returns whether an earlier incarnation of the same rank was replaced.
   Result<bool> register_rank(const proto::RankInfo& rank, std::chrono::milliseconds timeout);

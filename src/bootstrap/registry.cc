@@ -69,9 +69,22 @@ Result<Registry::Registered> Registry::register_rank(const proto::RankInfo& r, b
   if (r.control_address().empty()) {
     return Status::invalid_argument(fmt::format("{}: no control_address", rank_name(r)));
   }
+  const uint64_t ranks = uint64_t{r.tp_size()} * r.pp_size() * r.dp_size();
+  if (ranks > limits_.ranks_per_engine) {
+    return Status::resource_exhausted(fmt::format(
+        "{}: an engine of {} ranks (tp {} x pp {} x dp {}) is more than {} "
+        "(Limits::ranks_per_engine)",
+        rank_name(r), ranks, r.tp_size(), r.pp_size(), r.dp_size(), limits_.ranks_per_engine));
+  }
 
   std::lock_guard lock(mu_);
-  auto& group = groups_[{r.engine_id(), r.dp_rank()}];
+  const GroupKey group_key{r.engine_id(), r.dp_rank()};
+  if (groups_.count(group_key) == 0 && groups_.size() >= limits_.engines) {
+    return Status::resource_exhausted(
+        fmt::format("{}: {} engines (and dp ranks) are registered already (Limits::engines)",
+                    rank_name(r), groups_.size()));
+  }
+  auto& group = groups_[group_key];
   const RankKey key{r.pp_rank(), r.tp_rank()};
   for (const auto& [other_key, other] : group) {
     if (other_key == key) continue;  // a restart may change anything of its own
@@ -91,6 +104,9 @@ Result<Registry::Registered> Registry::register_rank(const proto::RankInfo& r, b
                     r.incarnation(), held->second.incarnation()));
   }
   Registered result;
+  if (auto held = group.find(key); held != group.end()) {
+    result.replaced_incarnation = held->second.incarnation();
+  }
   auto [it, inserted] = group.insert_or_assign(key, r);
   result.replaced = !inserted;
   return result;

@@ -35,6 +35,7 @@ using pdkv::capi::require;
 
 // The numbers of the C codes are those of StatusCode and PollState: held here.
 static_assert(PDKV_INTERNAL == static_cast<int>(pdkv::StatusCode::kInternal));
+static_assert(PDKV_RESOURCE_EXHAUSTED == static_cast<int>(pdkv::StatusCode::kResourceExhausted));
 static_assert(PDKV_ABORTED == static_cast<int>(pdkv::StatusCode::kAborted));
 static_assert(PDKV_POLL_SUCCESS == static_cast<int>(pdkv::PollState::kSuccess));
 static_assert(PDKV_POLL_FAILED == static_cast<int>(pdkv::PollState::kFailed));

@@ -21,6 +21,7 @@
 #include "cli/baselines.h"
 #include "cli/cluster_runner.h"
 #include "cli/command.h"
+#include "cli/security_flags.h"
 #include "pdkv/transport.h"
 
 namespace pdkv::cli {
@@ -64,6 +65,7 @@ struct BenchOptions {
   // Narrow the full grid (comma-separated; empty = all).
   std::string models, pairs, layouts, tokens;
   double timeout_s = 600;
+  SecurityFlags security;
 };
 
 // Whether `value` is in the comma-separated `list` (an empty list holds all).
@@ -281,7 +283,7 @@ int run_bench(const BenchOptions& o) {
       ++failures;
       continue;
     }
-    const ClusterOutcome outcome = run_cluster(shape, o.timeout_s, nullptr);
+    const ClusterOutcome outcome = run_cluster(shape, o.timeout_s, nullptr, o.security);
     if (!outcome.failure.empty()) {
       std::fprintf(stderr, "pdkv bench:   failed: %s\n", outcome.failure.c_str());
       row["error"] = outcome.failure;
@@ -426,6 +428,7 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--plot", o->plot, "Also draw GB/s across TP pairs per backend (PNG, gnuplot)");
   cmd->add_option("--timeout", o->timeout_s, "Give up on one scenario after this many seconds")
       ->capture_default_str();
+  add_security_flags(*cmd, o->security);
   return {cmd, [o] { return run_bench(*o); }};
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/security_flags.h"
 #include "pdkv/bootstrap.h"
 
 namespace pdkv::cli {
@@ -16,7 +17,8 @@ namespace {
 
 struct BootstrapOptions {
   uint16_t port = 0;
-  std::string host = "0.0.0.0";
+  std::string host = "127.0.0.1";  // never every interface unless asked
+  SecurityFlags security;
 };
 
 int run_bootstrap(const BootstrapOptions& o) {
@@ -28,7 +30,12 @@ int run_bootstrap(const BootstrapOptions& o) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
-  auto server = BootstrapServer::start(fmt::format("{}:{}", o.host, o.port));
+  auto security = o.security.load();
+  if (!security.is_ok()) {
+    std::fprintf(stderr, "pdkv bootstrap: %s\n", security.status().message().c_str());
+    return kExitInvalidInput;
+  }
+  auto server = BootstrapServer::start(fmt::format("{}:{}", o.host, o.port), *security);
   if (!server.is_ok()) {
     std::fprintf(stderr, "pdkv bootstrap: %s\n", server.status().message().c_str());
     return kExitFailure;
@@ -48,7 +55,9 @@ Command add_bootstrap_command(CLI::App& app) {
   auto o = std::make_shared<BootstrapOptions>();
   CLI::App* cmd = app.add_subcommand("bootstrap", "Run the bootstrap service (topology registry)");
   cmd->add_option("--port", o->port, "TCP port; 0 picks a free one")->capture_default_str();
-  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--host", o->host, "Address to listen on (0.0.0.0: every interface)")
+      ->capture_default_str();
+  add_security_flags(*cmd, o->security);
   return {cmd, [o] { return run_bootstrap(*o); }};
 }
 

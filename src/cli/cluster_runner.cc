@@ -133,15 +133,20 @@ void stop_all(std::vector<Child>& children) {
 }  // namespace
 
 ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
-                           const std::function<void(uint64_t)>& progress) {
+                           const std::function<void(uint64_t)>& progress, SecurityFlags security) {
   const std::string exe = self_exe();
+  auto run_secret = RunSecret::make(security);
+  if (!run_secret.is_ok()) return {{}, {}, run_secret.status().message()};
+  const std::vector<std::string> secured = security.arguments();
   // Workers and bootstrap speak up only for warnings, unless the user set a level.
   setenv("SPDLOG_LEVEL", "warn", /*overwrite=*/0);
   std::vector<Child> children;
   Child bootstrap;
   bootstrap.name = "bootstrap";
-  if (Status st = spawn(bootstrap, {exe, "bootstrap", "--host", "127.0.0.1", "--port", "0"});
-      !st.is_ok()) {
+  std::vector<std::string> bootstrap_args = {exe,         "bootstrap", "--host",
+                                             "127.0.0.1", "--port",    "0"};
+  bootstrap_args.insert(bootstrap_args.end(), secured.begin(), secured.end());
+  if (Status st = spawn(bootstrap, bootstrap_args); !st.is_ok()) {
     return {{}, {}, st.message()};
   }
   // Its first line names the port it bound.
@@ -174,6 +179,7 @@ ClusterOutcome run_cluster(const worker::Shape& s, double timeout_s,
                                        "--tp-rank",   std::to_string(r),
                                        "--bootstrap", address};
       for (auto& a : shape_arguments(s)) args.push_back(a);
+      args.insert(args.end(), secured.begin(), secured.end());
       if (Status st = spawn(c, args); !st.is_ok()) {
         stop_all(children);
         return {{}, {}, st.message()};

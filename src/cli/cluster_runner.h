@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/security_flags.h"
 #include "worker/worker.h"
 
 namespace pdkv::cli {
@@ -30,9 +31,11 @@ struct ClusterOutcome {
 };
 
 // `progress(done)` is called when the requests finished on every decode rank
-// grow. `shape` must be valid (Shape::validate).
+// grow. `shape` must be valid (Shape::validate). Every process gets
+// `security`'s flags; without a secret file, a fresh secret for this run.
 ClusterOutcome run_cluster(const worker::Shape& shape, double timeout_s,
-                           const std::function<void(uint64_t done)>& progress);
+                           const std::function<void(uint64_t done)>& progress,
+                           SecurityFlags security);
 
 // The run's figures from the workers' summaries (and the workers lost):
 //   verified (every succeeded request verified; without --keep-going, every

@@ -13,6 +13,7 @@
 
 #include "cli/cluster_runner.h"
 #include "cli/command.h"
+#include "cli/security_flags.h"
 #include "cli/shape_flags.h"
 
 namespace pdkv::cli {
@@ -20,6 +21,7 @@ namespace {
 
 struct RunOptions {
   worker::Shape shape;
+  SecurityFlags security;
   bool json = false;
   double timeout_s = 300;
 };
@@ -44,16 +46,19 @@ int run_router(const RunOptions& o) {
   // Live progress: a rewritten line on a terminal; in a log, a line a second.
   const bool tty = isatty(STDERR_FILENO);
   auto last_line = std::chrono::steady_clock::now() - std::chrono::seconds(1);
-  const ClusterOutcome outcome = run_cluster(s, o.timeout_s, [&](uint64_t done) {
-    const auto now = std::chrono::steady_clock::now();
-    if (o.json || !(tty || done == s.requests || now - last_line >= std::chrono::seconds(1))) {
-      return;
-    }
-    last_line = now;
-    std::fprintf(stderr, tty ? "\rrequests done: %llu/%llu" : "requests done: %llu/%llu\n",
-                 static_cast<unsigned long long>(done),
-                 static_cast<unsigned long long>(s.requests));
-  });
+  const ClusterOutcome outcome = run_cluster(
+      s, o.timeout_s,
+      [&](uint64_t done) {
+        const auto now = std::chrono::steady_clock::now();
+        if (o.json || !(tty || done == s.requests || now - last_line >= std::chrono::seconds(1))) {
+          return;
+        }
+        last_line = now;
+        std::fprintf(stderr, tty ? "\rrequests done: %llu/%llu" : "requests done: %llu/%llu\n",
+                     static_cast<unsigned long long>(done),
+                     static_cast<unsigned long long>(s.requests));
+      },
+      o.security);
   if (tty && !o.json) std::fprintf(stderr, "\n");
   if (!outcome.failure.empty()) {
     std::fprintf(stderr, "pdkv run: %s\n", outcome.failure.c_str());
@@ -95,6 +100,7 @@ Command add_run_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "run", "Start bootstrap, prefill and decode ranks on loopback, move N requests, verify");
   add_shape_flags(*cmd, o->shape);
+  add_security_flags(*cmd, o->security);
   cmd->add_flag("--json", o->json, "One JSON object on stdout");
   cmd->add_option("--timeout", o->timeout_s, "Give up after this many seconds")
       ->capture_default_str();

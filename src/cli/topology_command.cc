@@ -9,6 +9,7 @@
 
 #include "bootstrap/client.h"
 #include "cli/command.h"
+#include "cli/security_flags.h"
 
 namespace pdkv::cli {
 namespace {
@@ -17,11 +18,17 @@ struct TopologyOptions {
   std::string bootstrap, engine;
   uint32_t dp_rank = 0;
   double timeout_s = 2;
+  SecurityFlags security;
 };
 
 int run_topology(const TopologyOptions& o) {
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
-  auto ranks = bootstrap::Client(o.bootstrap).topology(o.engine, o.dp_rank, timeout);
+  auto security = o.security.load();
+  if (!security.is_ok()) {
+    std::fprintf(stderr, "pdkv topology: %s\n", security.status().message().c_str());
+    return kExitInvalidInput;
+  }
+  auto ranks = bootstrap::Client(o.bootstrap, *security).topology(o.engine, o.dp_rank, timeout);
   if (!ranks.is_ok()) {
     std::fprintf(stderr, "pdkv topology: %s\n", ranks.status().message().c_str());
     return kExitFailure;
@@ -52,6 +59,7 @@ Command add_topology_command(CLI::App& app) {
   cmd->add_option("--dp-rank", o->dp_rank, "Data-parallel rank")->capture_default_str();
   cmd->add_option("--timeout", o->timeout_s, "Seconds to wait for an answer")
       ->capture_default_str();
+  add_security_flags(*cmd, o->security);
   return {cmd, [o] { return run_topology(*o); }};
 }
 

@@ -5,13 +5,21 @@
 #include <memory>
 
 #include "cli/command.h"
+#include "cli/security_flags.h"
 #include "cli/shape_flags.h"
 #include "worker/worker.h"
 
 namespace pdkv::cli {
 namespace {
 
-int run(const worker::WorkerArgs& args) {
+int run(worker::WorkerArgs args, const SecurityFlags& flags) {
+  const char* name = args.role == Role::kPrefill ? "prefill" : "decode";
+  auto security = flags.load();
+  if (!security.is_ok()) {
+    std::fprintf(stderr, "pdkv %s: %s\n", name, security.status().message().c_str());
+    return kExitInvalidInput;
+  }
+  args.security = std::move(*security);
   auto summary = worker::run_worker(
       args,
       [](uint64_t done, uint64_t room, bool ok) {
@@ -24,8 +32,7 @@ int run(const worker::WorkerArgs& args) {
         std::fflush(stdout);
       });
   if (!summary.is_ok()) {
-    std::fprintf(stderr, "pdkv %s: %s\n", args.role == Role::kPrefill ? "prefill" : "decode",
-                 summary.status().message().c_str());
+    std::fprintf(stderr, "pdkv %s: %s\n", name, summary.status().message().c_str());
     return summary.status().code() == StatusCode::kInvalidArgument ? kExitInvalidInput
                                                                    : kExitFailure;
   }
@@ -34,6 +41,7 @@ int run(const worker::WorkerArgs& args) {
 
 Command add_worker_command(CLI::App& app, Role role) {
   auto args = std::make_shared<worker::WorkerArgs>();
+  auto security = std::make_shared<SecurityFlags>();
   args->role = role;
   const bool prefill = role == Role::kPrefill;
   CLI::App* cmd = app.add_subcommand(prefill ? "prefill" : "decode",
@@ -50,7 +58,8 @@ Command add_worker_command(CLI::App& app, Role role) {
                   "This rank's address: its control service binds and advertises it, and its "
                   "data plane uses it unless backend options say otherwise")
       ->capture_default_str();
-  return {cmd, [args] { return run(*args); }};
+  add_security_flags(*cmd, *security);
+  return {cmd, [args, security] { return run(*args, *security); }};
 }
 
 }  // namespace

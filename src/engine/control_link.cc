@@ -6,6 +6,8 @@
 #include <atomic>
 #include <mutex>
 
+#include "security/grpc_security.h"
+
 namespace pdkv::engine {
 namespace {
 
@@ -21,8 +23,9 @@ std::mutex& reactor_order() {
 }
 void ordered_after_construction() { std::lock_guard lock(reactor_order()); }
 
-std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
-                                            std::chrono::milliseconds keepalive) {
+std::shared_ptr<grpc::Channel> control_channel(const std::string& address,
+                                               std::chrono::milliseconds keepalive,
+                                               const Security& security) {
   grpc::ChannelArguments args;
   const int ms = static_cast<int>(keepalive.count());
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
@@ -37,7 +40,7 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(100, ms / 4));
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return security::make_channel(address, args, security);
 }
 
 }  // namespace
@@ -104,7 +107,8 @@ class ControlLink::WatchStream final
 };
 
 ControlLink::ControlLink(EventLoop& loop, CallTracker& tracker, std::string address,
-                         std::string name, proto::RankRef self, std::chrono::milliseconds keepalive,
+                         std::string name, proto::RankRef self, const Security& security,
+                         std::chrono::milliseconds keepalive,
                          std::chrono::milliseconds connect_timeout, Events events)
     : loop_(loop),
       tracker_(tracker),
@@ -115,7 +119,7 @@ ControlLink::ControlLink(EventLoop& loop, CallTracker& tracker, std::string addr
       connect_timeout_(connect_timeout),
       events_(std::move(events)),
       group_(new_call_group()),
-      channel_(make_channel(address_, keepalive)),
+      channel_(control_channel(address_, keepalive, security)),
       stub_(proto::Control::NewStub(channel_)) {}
 
 ControlLink::~ControlLink() { stop(); }

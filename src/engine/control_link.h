@@ -29,6 +29,7 @@
 #include "engine/event_loop.h"
 #include "engine/grpc_calls.h"
 #include "pdkv.grpc.pb.h"
+#include "pdkv/security.h"
 #include "pdkv/status.h"
 
 namespace pdkv::engine {
@@ -43,7 +44,7 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
 
   // `name` says whom the link reaches: "decode-a dp 0 tp 1 pp 0 (127.0.0.1:5000)".
   ControlLink(EventLoop& loop, CallTracker& tracker, std::string address, std::string name,
-              proto::RankRef self, std::chrono::milliseconds keepalive,
+              proto::RankRef self, const Security& security, std::chrono::milliseconds keepalive,
               std::chrono::milliseconds connect_timeout, Events events);
   ~ControlLink();
 

@@ -3,19 +3,33 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "grpc_status.h"
 
 namespace pdkv::engine {
 
+namespace {
+
+constexpr char kTransferInfoMethod[] = "/pdkv.proto.Control/SendTransferInfo";
+constexpr char kReportStatusMethod[] = "/pdkv.proto.Control/ReportStatus";
+constexpr char kAbortRoomMethod[] = "/pdkv.proto.Control/AbortRoom";
+constexpr char kWatchMethod[] = "/pdkv.proto.Control/Watch";
+
+}  // namespace
+
 Answer::~Answer() { send(Status::unavailable("the engine shut down before answering")); }
 
 void Answer::send(const Status& status) {
-  if (grpc::ServerUnaryReactor* r = reactor_.exchange(nullptr)) r->Finish(to_grpc(status));
+  if (grpc::ServerUnaryReactor* r = reactor_.exchange(nullptr)) {
+    if (serving_) serving_->fetch_sub(1);
+    r->Finish(to_grpc(status));
+  }
 }
 
-// The server end of one peer's Watch stream: it sends its initial metadata
-// at once (how the peer knows the link is up), reads until the peer goes, and
-// is ended by close_watches() when this rank shuts down.
+ControlService::ControlService(const Security& security, const Limits& limits)
+    : auth_(security, limits.replay_cache, "control"), limits_(limits) {}
+
 // The server end of one peer's Watch stream: it sends its initial metadata
 // at once (how the peer knows the link is up), reads until the peer goes, and
 // is ended by close_watches() when this rank shuts down.
@@ -36,6 +50,13 @@ class ControlService::WatchReactor final
     if (take_first()) {
       const Status version = check_protocol_version(in_.protocol_version());
       if (!version.is_ok()) return finish(to_grpc(version));
+      std::string watcher = watcher_of(in_.from());
+      if (!service_.count_watch(watcher)) {
+        return finish(to_grpc(Status::resource_exhausted(
+            fmt::format("{} holds {} Watch streams here already (Limits::watches_per_peer)",
+                        watcher, service_.limits_.watches_per_peer))));
+      }
+      counted_as_ = std::move(watcher);
     }
     StartRead(&in_);
   }
@@ -45,6 +66,7 @@ class ControlService::WatchReactor final
       std::lock_guard lock(service_.mu_);
       service_.watches_.erase(this);
     }
+    if (!counted_as_.empty()) service_.uncount_watch(counted_as_);
     delete this;
   }
   // Ends the stream once, whoever asks first.
@@ -65,20 +87,36 @@ class ControlService::WatchReactor final
 
   ControlService& service_;
   proto::Heartbeat in_;
-  bool first_ = true;      // service_.mu_
-  bool finished_ = false;  // service_.mu_
+  bool first_ = true;       // service_.mu_
+  bool finished_ = false;   // service_.mu_
+  std::string counted_as_;  // the watcher this stream counts for; read and written by gRPC's
+                            // callbacks, one at a time
 };
 
 template <typename Request, typename Deliver>
 grpc::ServerUnaryReactor* ControlService::serve(grpc::CallbackServerContext* ctx,
-                                                const Request& request, Deliver deliver) {
+                                                const char* method, const Request& request,
+                                                Deliver deliver) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  auto answer = std::make_shared<Answer>(reactor);
   const Status version = check_protocol_version(request.protocol_version());
-  ControlSink* sink = sink_.load();
   if (!version.is_ok()) {
-    answer->send(version);
-  } else if (sink == nullptr) {
+    reactor->Finish(to_grpc(version));
+    return reactor;
+  }
+  const grpc::Status authenticated = auth_.check(*ctx, method, &request);
+  if (!authenticated.ok()) {
+    reactor->Finish(authenticated);
+    return reactor;
+  }
+  if (serving_->fetch_add(1) >= limits_.control_calls) {
+    serving_->fetch_sub(1);
+    reactor->Finish(to_grpc(Status::resource_exhausted(fmt::format(
+        "{} control calls are being served here (Limits::control_calls)", limits_.control_calls))));
+    return reactor;
+  }
+  auto answer = std::make_shared<Answer>(reactor, serving_);
+  ControlSink* sink = sink_.load();
+  if (sink == nullptr) {
     answer->send(Status::unavailable("this rank is not serving (starting or shut down)"));
   } else {
     deliver(*sink, std::move(answer));
@@ -89,7 +127,7 @@ grpc::ServerUnaryReactor* ControlService::serve(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* ControlService::SendTransferInfo(grpc::CallbackServerContext* ctx,
                                                            const proto::TransferInfo* request,
                                                            proto::ControlReply*) {
-  return serve(ctx, *request, [request](ControlSink& sink, AnswerPtr answer) {
+  return serve(ctx, kTransferInfoMethod, *request, [request](ControlSink& sink, AnswerPtr answer) {
     sink.on_transfer_info(*request, std::move(answer));
   });
 }
@@ -97,7 +135,7 @@ grpc::ServerUnaryReactor* ControlService::SendTransferInfo(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ControlService::ReportStatus(grpc::CallbackServerContext* ctx,
                                                        const proto::RoomStatus* request,
                                                        proto::ControlReply*) {
-  return serve(ctx, *request, [request](ControlSink& sink, AnswerPtr answer) {
+  return serve(ctx, kReportStatusMethod, *request, [request](ControlSink& sink, AnswerPtr answer) {
     sink.on_room_status(*request, std::move(answer));
   });
 }
@@ -105,22 +143,49 @@ grpc::ServerUnaryReactor* ControlService::ReportStatus(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ControlService::AbortRoom(grpc::CallbackServerContext* ctx,
                                                     const proto::AbortRequest* request,
                                                     proto::ControlReply*) {
-  return serve(ctx, *request, [request](ControlSink& sink, AnswerPtr answer) {
+  return serve(ctx, kAbortRoomMethod, *request, [request](ControlSink& sink, AnswerPtr answer) {
     sink.on_abort(*request, std::move(answer));
   });
 }
 
 grpc::ServerBidiReactor<proto::Heartbeat, proto::Heartbeat>* ControlService::Watch(
-    grpc::CallbackServerContext*) {
+    grpc::CallbackServerContext* ctx) {
   auto* reactor = new WatchReactor(*this);  // deletes itself in OnDone
+  const grpc::Status authenticated = auth_.check(*ctx, kWatchMethod, nullptr);
   bool closing;
   {
     std::lock_guard lock(mu_);
     closing = closing_;
     if (!closing) watches_.insert(reactor);
   }
-  if (closing) reactor->finish(grpc::Status::OK);
+  if (!authenticated.ok()) {
+    reactor->finish(authenticated);
+  } else if (closing) {
+    reactor->finish(grpc::Status::OK);
+  }
   return reactor;
+}
+
+std::string ControlService::watcher_of(const proto::RankRef& from) {
+  return fmt::format("'{}' dp {} tp {} pp {}", from.engine_id(), from.dp_rank(), from.tp_rank(),
+                     from.pp_rank());
+}
+
+bool ControlService::count_watch(const std::string& watcher) {
+  std::lock_guard lock(mu_);
+  uint32_t& held = watches_per_peer_[watcher];
+  if (held >= limits_.watches_per_peer) {
+    if (held == 0) watches_per_peer_.erase(watcher);
+    return false;
+  }
+  ++held;
+  return true;
+}
+
+void ControlService::uncount_watch(const std::string& watcher) {
+  std::lock_guard lock(mu_);
+  auto it = watches_per_peer_.find(watcher);
+  if (it != watches_per_peer_.end() && --it->second == 0) watches_per_peer_.erase(it);
 }
 
 void ControlService::close_watches() {

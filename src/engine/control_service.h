@@ -1,20 +1,24 @@
 // The Control gRPC service of one rank, on gRPC's callback API: a handler
-// checks the protocol version, hands the request to the engine (a
-// ControlSink, which posts it to the loop) and returns at once. The reply
-// goes out when the loop has decided (an Answer), which may be much later
-// (an abort is answered once the room's writes have ended) without holding
-// any thread meanwhile.
+// checks the protocol version and the caller's credentials (call_auth.h),
+// and the bounds on calls being served and Watch streams per peer; it hands the request to the
+// engine (a ControlSink, which posts it to the loop) and returns at once. The reply goes out when
+// the loop has decided (an Answer), which may be much later (an abort is answered once the room's
+// writes have ended) without holding any thread meanwhile.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 
 #include "pdkv.grpc.pb.h"
+#include "pdkv/security.h"
 #include "pdkv/status.h"
+#include "security/call_auth.h"
 
 namespace pdkv::engine {
 
@@ -22,7 +26,9 @@ namespace pdkv::engine {
 // Dropped unanswered (the engine shutting down), it answers UNAVAILABLE.
 class Answer {
  public:
-  explicit Answer(grpc::ServerUnaryReactor* reactor) : reactor_(reactor) {}
+  // `serving` counts the answers not yet sent (Limits::control_calls).
+  Answer(grpc::ServerUnaryReactor* reactor, std::shared_ptr<std::atomic<uint32_t>> serving)
+      : reactor_(reactor), serving_(std::move(serving)) {}
   ~Answer();
   Answer(const Answer&) = delete;
   Answer& operator=(const Answer&) = delete;
@@ -30,6 +36,7 @@ class Answer {
 
  private:
   std::atomic<grpc::ServerUnaryReactor*> reactor_;
+  std::shared_ptr<std::atomic<uint32_t>> serving_;
 };
 using AnswerPtr = std::shared_ptr<Answer>;
 
@@ -46,6 +53,8 @@ class ControlSink {
 
 class ControlService final : public proto::Control::CallbackService {
  public:
+  ControlService(const Security& security, const Limits& limits);
+
   // Until open(), requests are refused with UNAVAILABLE ("starting"): the
   // server runs before the rank knows its own address.
   void open(ControlSink* sink) { sink_.store(sink); }
@@ -73,14 +82,24 @@ class ControlService final : public proto::Control::CallbackService {
   // Answers a request that cannot be delivered (another protocol version,
   // not serving), or hands it to deliver(sink, answer).
   template <typename Request, typename Deliver>
-  grpc::ServerUnaryReactor* serve(grpc::CallbackServerContext* ctx, const Request& request,
-                                  Deliver deliver);
+  grpc::ServerUnaryReactor* serve(grpc::CallbackServerContext* ctx, const char* method,
+                                  const Request& request, Deliver deliver);
 
+  // The peer a Watch stream says it is from: "engine dp tp pp".
+  static std::string watcher_of(const proto::RankRef& from);
+  // False (and nothing counted) when that peer holds the most streams allowed.
+  bool count_watch(const std::string& watcher);
+  void uncount_watch(const std::string& watcher);
+
+  security::CallAuthenticator auth_;
+  const Limits limits_;
+  std::shared_ptr<std::atomic<uint32_t>> serving_ = std::make_shared<std::atomic<uint32_t>>(0);
   std::atomic<ControlSink*> sink_{nullptr};
   std::mutex closing_mu_;  // held by close_watches(); OnDone waits for it (taken before mu_)
   std::mutex mu_;          // guards watches_, closing_ and the reactors' flags
   bool closing_ = false;
   std::set<WatchReactor*> watches_;
+  std::map<std::string, uint32_t> watches_per_peer_;
 };
 
 }  // namespace pdkv::engine

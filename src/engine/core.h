@@ -122,7 +122,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore>, public Contr
   std::unique_ptr<PrefillSide> prefill_;
   std::unique_ptr<DecodeSide> decode_;
   // gRPC's server threads call the service, which posts to the loop.
-  ControlService service_;
+  ControlService service_{config_.security, config_.limits};
   std::unique_ptr<grpc::Server> server_;
   std::atomic<bool> stopped_{false};
 };

@@ -10,6 +10,7 @@
 #include "bootstrap/client.h"
 #include "engine/core.h"
 #include "log.h"
+#include "security/grpc_security.h"
 
 namespace pdkv::engine {
 namespace {
@@ -70,12 +71,13 @@ Result<std::shared_ptr<EngineCore>> EngineCore::start(EngineConfig config,
                                                       std::optional<EnginePools> pools) {
   std::shared_ptr<EngineCore> core(new EngineCore(std::move(config)));
   PDKV_RETURN_IF_ERROR(core->check_config());
+  security::warn_if_unauthenticated(core->config_.security, "engine");
   PDKV_RETURN_IF_ERROR(core->set_up_memory(std::move(pools)));
   PDKV_RETURN_IF_ERROR(core->register_pools());
   Status started = core->start_server();
   if (started.is_ok()) {
     core->build_machinery();
-    auto registered = bootstrap::Client(core->config_.bootstrap_address)
+    auto registered = bootstrap::Client(core->config_.bootstrap_address, core->config_.security)
                           .register_rank(core->self_, core->config_.timeouts.bootstrap);
     started = registered.status();
     if (started.is_ok()) core->loop_.post([c = core.get()] { c->registration_->start(); });
@@ -199,7 +201,8 @@ Status EngineCore::register_pools() {
 Status EngineCore::start_server() {
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config_.control_host + ":0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config_.control_host + ":0",
+                           security::server_credentials(config_.security), &port);
   builder.RegisterService(&service_);
   configure_server(builder, config_.timeouts.keepalive);
   server_ = builder.BuildAndStart();
@@ -244,7 +247,8 @@ void EngineCore::describe_self(int port) {
 
 void EngineCore::build_machinery() {
   lookups_ = std::make_unique<TopologyLookups>(loop_, calls_, config_.bootstrap_address, config_);
-  registration_ = std::make_unique<Registration>(loop_, calls_, config_.bootstrap_address, self_);
+  registration_ = std::make_unique<Registration>(loop_, calls_, config_.bootstrap_address,
+                                                 config_.security, self_);
   PeerRegistry::Hooks hooks;
   hooks.link_lost = [this](RoomId room, const std::string& peer, const Status& why) {
     return prefill() ? prefill_->on_link_lost(room, peer, why)
@@ -259,7 +263,8 @@ void EngineCore::build_machinery() {
   // A restarted peer registers a new incarnation: look its engine up afresh.
   hooks.peer_lost = [this](const std::string& peer) { lookups_->forget_peer(peer); };
   peers_ = std::make_unique<PeerRegistry>(loop_, calls_, connector_, *transport_, ref_of(self_),
-                                          config_.timeouts, counters_, std::move(hooks));
+                                          config_.timeouts, config_.security, counters_,
+                                          std::move(hooks));
   ctx_.reset(new EngineContext{config_, self_, shard_, local_channels_, *transport_, *pool_staging_,
                                keys_, loop_, *peers_, *lookups_, directory_, feed_, counters_,
                                StagingPool(config_.staging_bytes), Planner()});

@@ -9,13 +9,14 @@ namespace pdkv::engine {
 
 PeerRegistry::PeerRegistry(EventLoop& loop, CallTracker& tracker, BlockingPool& connector,
                            Transport& transport, proto::RankRef self, const Timeouts& timeouts,
-                           Counters& counters, Hooks hooks)
+                           const Security& security, Counters& counters, Hooks hooks)
     : loop_(loop),
       tracker_(tracker),
       connector_(connector),
       transport_(transport),
       self_(std::move(self)),
       timeouts_(timeouts),
+      security_(security),
       counters_(counters),
       hooks_(std::move(hooks)) {}
 
@@ -80,7 +81,7 @@ void PeerRegistry::open_link(Peer& peer) {
   const std::string key = peer.key;
   peer.link = std::make_shared<ControlLink>(
       loop_, tracker_, peer.rank.control_address(),
-      fmt::format("{} ({})", describe(peer.rank), peer.rank.control_address()), self_,
+      fmt::format("{} ({})", describe(peer.rank), peer.rank.control_address()), self_, security_,
       timeouts_.keepalive, timeouts_.connect,
       ControlLink::Events{[this, key] { on_link_up(key); },
                           [this, key](const Status& reason) { on_link_lost(key, reason); }});

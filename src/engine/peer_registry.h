@@ -56,7 +56,8 @@ class PeerRegistry {
   };
 
   PeerRegistry(EventLoop& loop, CallTracker& tracker, BlockingPool& connector, Transport& transport,
-               proto::RankRef self, const Timeouts& timeouts, Counters& counters, Hooks hooks);
+               proto::RankRef self, const Timeouts& timeouts, const Security& security,
+               Counters& counters, Hooks hooks);
   ~PeerRegistry();
 
   static std::string key_of(const proto::RankInfo& rank);
@@ -126,7 +127,8 @@ class PeerRegistry {
   Transport& transport_;
   const proto::RankRef self_;
   const Timeouts timeouts_;
-  Counters& counters_;  // its gauge of peers
+  const Security& security_;  // the engine config's, which outlives this
+  Counters& counters_;        // its gauge of peers
   Hooks hooks_;
   bool stopped_ = false;
   std::unordered_map<std::string, Peer> peers_;

@@ -173,6 +173,12 @@ void PrefillSide::on_abort(const proto::AbortRequest& request, AnswerPtr answer)
         Status::invalid_argument(fmt::format("room {}: {} is not a destination of {}", id,
                                              describe(request.decode()), describe(ctx_.self))));
   }
+  if (dest->second.rank.incarnation() != request.decode().incarnation()) {
+    // Only the registered process of that rank speaks for it.
+    return answer->send(Status::invalid_argument(fmt::format(
+        "room {}: {} incarnation {} is not the registered one ({})", id, describe(request.decode()),
+        request.decode().incarnation(), dest->second.rank.incarnation())));
+  }
   dest->second.aborted = true;
   // Acknowledged once no batch of this room to that rank is in flight.
   if (giving_up_) {

@@ -8,10 +8,11 @@
 namespace pdkv::engine {
 
 Registration::Registration(EventLoop& loop, CallTracker& tracker,
-                           const std::string& bootstrap_address, proto::RankInfo self)
+                           const std::string& bootstrap_address, const Security& security,
+                           proto::RankInfo self)
     : loop_(loop),
       tracker_(tracker),
-      bootstrap_(bootstrap_address),
+      bootstrap_(bootstrap_address, security),
       self_(std::move(self)),
       group_(new_call_group()) {}
 

@@ -22,7 +22,7 @@ class Registration {
   static constexpr auto kRenewEvery = std::chrono::milliseconds(1000);
 
   Registration(EventLoop& loop, CallTracker& tracker, const std::string& bootstrap_address,
-               proto::RankInfo self);
+               const Security& security, proto::RankInfo self);
   // After the first registration (made while the engine starts, blocking).
   void start();
   void stop();

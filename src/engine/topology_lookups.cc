@@ -21,7 +21,7 @@ bool worth_retrying(const Status& s) {
 
 TopologyLookups::TopologyLookups(EventLoop& loop, CallTracker& tracker,
                                  const std::string& bootstrap_address, const EngineConfig& self)
-    : loop_(loop), tracker_(tracker), bootstrap_(bootstrap_address), self_(self) {}
+    : loop_(loop), tracker_(tracker), bootstrap_(bootstrap_address, self.security), self_(self) {}
 
 std::optional<const PeerEngine*> TopologyLookups::want(const EngineKey& engine, Done done) {
   auto [it, fresh] = lookups_.try_emplace(engine);

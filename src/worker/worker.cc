@@ -143,6 +143,7 @@ Status Run::configure() {
   PDKV_ASSIGN_OR_RETURN(cfg_.faults, shape_.fault_spec());
   PDKV_ASSIGN_OR_RETURN(cfg_.timeouts, shape_.timeouts());
   cfg_.bootstrap_address = args_.bootstrap;
+  cfg_.security = args_.security;
   cfg_.control_host = args_.host;
   cfg_.staging = staging_of(shape_.staging);
   PDKV_ASSIGN_OR_RETURN(auto heads_axis,

@@ -103,6 +103,7 @@ struct WorkerArgs {
   Role role = Role::kPrefill;
   uint32_t tp_rank = 0;
   std::string bootstrap;  // host:port
+  Security security;      // the cluster's secret and TLS (pdkv/security.h)
   // This rank's address: its control service binds and advertises it, and
   // its data plane defaults to it (EngineConfig::control_host).
   std::string host = "127.0.0.1";

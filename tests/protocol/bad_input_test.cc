@@ -32,7 +32,7 @@ class BadInput : public ::testing::Test {
     spec.decode_tp = 2;
     cluster_ = Cluster::start(spec);
     ASSERT_NE(cluster_, nullptr);
-    bootstrap::Client client(cluster_->bootstrap_address());
+    bootstrap::Client client(cluster_->bootstrap_address(), Security{});
     decode_ranks_ = client.topology("decode", 0, 2s).value();
     prefill_ranks_ = client.topology("prefill", 0, 2s).value();
   }

@@ -144,7 +144,7 @@ class BootstrapOverGrpc : public ::testing::Test {
 };
 
 TEST_F(BootstrapOverGrpc, RegisterThenTopology) {
-  bootstrap::Client client(address_);
+  bootstrap::Client client(address_, Security{});
   EXPECT_FALSE(client.register_rank(rank(0, 2), 2s).value());
   EXPECT_EQ(client.topology("prefill-a", 0, 2s).status().code(), StatusCode::kUnavailable);
   EXPECT_FALSE(client.register_rank(rank(1, 2), 2s).value());
@@ -153,7 +153,7 @@ TEST_F(BootstrapOverGrpc, RegisterThenTopology) {
 }
 
 TEST_F(BootstrapOverGrpc, RefusalKeepsCodeAndMessage) {
-  bootstrap::Client client(address_);
+  bootstrap::Client client(address_, Security{});
   ASSERT_TRUE(client.register_rank(rank(0, 2), 2s).is_ok());
   auto bad = rank(1, 2);
   bad.mutable_kv_spec()->set_head_dim(64);
@@ -165,7 +165,7 @@ TEST_F(BootstrapOverGrpc, RefusalKeepsCodeAndMessage) {
 }
 
 TEST_F(BootstrapOverGrpc, IncompleteEngineIsUnavailableSayingHowFar) {
-  bootstrap::Client client(address_);
+  bootstrap::Client client(address_, Security{});
   ASSERT_TRUE(client.register_rank(rank(0, 2), 2s).is_ok());
   const Status st = client.topology("prefill-a", 0, 2s).status();
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);

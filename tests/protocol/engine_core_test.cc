@@ -112,8 +112,10 @@ TEST(EngineCore, LateSuccessReportNeverReachesThePages) {
   rx->abort("gone");
   ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kFailed; }));
   // A success report that was on the wire when the abort went out.
-  auto prefill = bootstrap::Client(c->bootstrap_address()).topology("prefill", 0, 2s).value();
-  auto decode = bootstrap::Client(c->bootstrap_address()).topology("decode", 0, 2s).value();
+  auto prefill =
+      bootstrap::Client(c->bootstrap_address(), Security{}).topology("prefill", 0, 2s).value();
+  auto decode =
+      bootstrap::Client(c->bootstrap_address(), Security{}).topology("decode", 0, 2s).value();
   proto::RoomStatus st;
   st.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
   st.set_room(5);

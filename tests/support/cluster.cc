@@ -75,7 +75,7 @@ uint8_t Cluster::state_byte(uint32_t layer, uint32_t channel, uint64_t byte, uin
 std::unique_ptr<Cluster> Cluster::start(const ClusterSpec& spec) {
   auto c = std::unique_ptr<Cluster>(new Cluster);
   c->spec_ = spec;
-  auto server = BootstrapServer::start("127.0.0.1:0");
+  auto server = BootstrapServer::start("127.0.0.1:0", spec.security, spec.limits);
   EXPECT_TRUE(server.is_ok()) << server.status().to_string();
   if (!server.is_ok()) return nullptr;
   c->bootstrap_ = std::move(server).value();
@@ -102,6 +102,8 @@ std::unique_ptr<Cluster> Cluster::start(const ClusterSpec& spec) {
         cfg.transport_options = prefill ? spec.prefill_transport : spec.decode_transport;
         if (prefill) cfg.faults = spec.prefill_faults;
         cfg.bootstrap_address = c->bootstrap_address();
+        cfg.security = spec.security;
+        cfg.limits = spec.limits;
         cfg.timeouts = prefill ? spec.timeouts : spec.decode_timeouts.value_or(spec.timeouts);
         auto& memory = prefill ? c->prefill_memory : c->decode_memory;
         memory.push_back(allocate(kv, spec, geometry(kv, spec.state, tp, tp_size, pp, pp_size)));

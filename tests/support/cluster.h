@@ -34,6 +34,8 @@ struct ClusterSpec {
   // Staging pool sizes; default: 8 whole KV pools' worth, enough for any test.
   std::optional<uint64_t> prefill_staging_bytes, decode_staging_bytes;
   std::string prefill_id = "prefill", decode_id = "decode";
+  Security security;  // of the bootstrap service and every rank
+  Limits limits;
 };
 
 struct RankMemory {
