@@ -6,6 +6,7 @@
 #   make test-slow       the long runs (soak, benchmarks-as-tests), on demand
 #   make test-sanitize   ASan + UBSan build in build-asan/, same test set
 #   make test-tsan       ThreadSanitizer build in build-tsan/, same test set
+#   make fuzz            libFuzzer targets (build-fuzz/, clang) for FUZZ_RUNS executions each
 #   make bench           pdkv bench --quick: every backend against its baselines, about a minute
 #   make bench-full      pdkv bench over the whole grid (hours; CSV and plot in build/)
 #   make bench-plan      the planner micro-benchmark
@@ -23,7 +24,7 @@ SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_check
 TSAN_ENV = TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
            UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no
 
-.PHONY: deps build demo test test-slow test-sanitize test-tsan bench bench-full bench-plan gpu-check format clean
+.PHONY: deps build fuzz-build fuzz demo test test-slow test-sanitize test-tsan bench bench-full bench-plan gpu-check format clean
 
 deps:
 	@scripts/install-deps.sh
@@ -38,6 +39,17 @@ endef
 build: deps
 	$(call build_tree,build,)
 
+# tests/fuzz: clang-14 with libFuzzer, ASan and UBSan; only the fuzz targets.
+FUZZ_RUNS ?= 1000000
+fuzz-build: deps
+	CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_CXX_FLAGS=-g0 -DPDKV_SANITIZE=fuzzer -DBUILD_TESTING=OFF -DPDKV_WITH_CUDA=OFF \
+	  -DPDKV_WITH_HIP=OFF -DPDKV_WERROR=ON >/dev/null
+	cmake --build build-fuzz -j $(JOBS) --target pdkv_fuzz
+
+fuzz: fuzz-build
+	tests/fuzz/run.sh -runs=$(FUZZ_RUNS)
+
 demo: build
 	@echo "== which prefill rank sends which KV heads to whom (8 KV heads, TP 2 -> 4) =="
 	build/bin/pdkv plan --kv-heads 8 --prefill-tp 2 --decode-tp 4
@@ -45,7 +57,7 @@ demo: build
 	@echo "== a local cluster: bootstrap + 2 prefill + 4 decode processes over UCX, every byte checked =="
 	build/bin/pdkv run --backend nixl --prefill-tp 2 --decode-tp 4 --kv-heads 8 --requests 32 --tokens 512
 
-test: build
+test: build fuzz-build
 	cd build && $(CTEST) -LE slow
 
 test-slow: build

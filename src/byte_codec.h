@@ -40,6 +40,8 @@ class ByteReader {
     return true;
   }
   bool done() const { return in_.empty(); }
+  // Bytes not read yet: a count of entries that cannot fit in them is a lie.
+  size_t left() const { return in_.size(); }
 
  private:
   std::string_view in_;

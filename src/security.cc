@@ -31,7 +31,9 @@ Result<std::string> read_file(const std::string& what, const std::string& path) 
   return text.str();
 }
 
-Result<std::string> read_secret(const std::string& path) {
+}  // namespace
+
+Result<std::string> read_secret_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     return Status::invalid_argument(
@@ -52,6 +54,10 @@ Result<std::string> read_secret(const std::string& path) {
   return secret;
 }
 
+Result<std::string> read_pem_file(const std::string& path) { return read_file("PEM file", path); }
+
+namespace {
+
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
@@ -63,7 +69,7 @@ Result<Security> load_security(const std::string& secret_file, const std::string
                                const std::string& tls_key_file, const std::string& tls_ca_file) {
   Security s;
   if (!secret_file.empty()) {
-    PDKV_ASSIGN_OR_RETURN(s.secret, read_secret(secret_file));
+    PDKV_ASSIGN_OR_RETURN(s.secret, read_secret_file(secret_file));
   }
   if (tls_cert_file.empty() != tls_key_file.empty()) {
     return Status::invalid_argument(

@@ -47,7 +47,8 @@ struct LoopContext;
 // One outbound connection to a peer, reused across reconnects.
 class Rail final : public EventLoop::Handler {
  public:
-  enum class State { kDown, kConnecting, kOpen };
+  // kHandshake: connected, waiting for the target's CHALLENGE (slices queue).
+  enum class State { kDown, kConnecting, kHandshake, kOpen };
   Rail(Peer& peer, size_t index, SocketAddress remote, std::optional<SocketAddress> local);
   ~Rail() override;
 
@@ -83,6 +84,8 @@ class Rail final : public EventLoop::Handler {
 
  private:
   void on_connected();
+  // Answers the target's CHALLENGE with HELLO, ahead of the queued slices.
+  Status on_challenge(std::string target_nonce);
   void flush();
   void update_interest();
   Status on_header(const wire::FrameHeader& h, PayloadSink& sink);
@@ -105,6 +108,8 @@ class Rail final : public EventLoop::Handler {
   std::optional<Clock::time_point> draining_until_;  // stop_sending()
   Status last_failure_;
   bool failed_connecting_ = false;
+  std::string nonce_, target_nonce_;  // this connection's handshake
+  bool proven_ = false;               // HELLO_OK proved the target holds the secret
 };
 
 // An open segment: where its requests go and how.
@@ -197,12 +202,18 @@ class Inbound final : public EventLoop::Handler {
   void refuse(const Status& reason);
   void close();
 
+ public:
+  // Sends CHALLENGE; called once the loop watches the connection.
+  void start();
+
+ private:
   TransferEngine::Impl& core_;
   LoopContext& loop_;
   int fd_;
   const std::string from_;  // the peer's address, for logs
   std::string peer_name_;   // its segment name, once it said HELLO
   bool authenticated_ = false;
+  std::string nonce_;  // this connection's challenge
   const Clock::time_point accepted_ = Clock::now();
   uint64_t last_applied_ = 0;
   bool ack_due_ = false;

@@ -115,6 +115,11 @@ void FrameWriter::push_owned(const wire::FrameHeader& header, std::string owned)
   f.payload = f.owned.data();  // deque elements do not move
 }
 
+void FrameWriter::push_front_owned(const wire::FrameHeader& header, std::string owned) {
+  Frame& f = frames_.emplace_front(Frame{header, nullptr, std::move(owned), 0});
+  f.payload = f.owned.data();
+}
+
 size_t FrameWriter::drop_unstarted() {
   size_t dropped = 0;
   while (!frames_.empty() && frames_.back().sent == 0 && frames_.back().owned.empty()) {

@@ -61,6 +61,9 @@ class FrameWriter {
   // sent. `owned` keeps a small payload alive inside the writer instead.
   void push(const wire::FrameHeader& header, const char* payload);
   void push_owned(const wire::FrameHeader& header, std::string owned);
+  // Queues an owned frame before every other; none may have begun (HELLO,
+  // once the challenge came, ahead of the slices queued meanwhile).
+  void push_front_owned(const wire::FrameHeader& header, std::string owned);
   // Sends as much as the socket takes. kAgain: more is queued (wait for
   // EPOLLOUT) or nothing is; `bytes` counts what was sent.
   IoOutcome flush(int fd, uint64_t& bytes, int& error_number);

@@ -1,5 +1,5 @@
 // The target side: accepting connections, checking that each one presents
-// this segment's session secret before anything else, and applying WRITE and
+// this segment's session secret (challenge-response) before anything else, and applying WRITE and
 // READ frames only inside registered buffers. Whatever breaks a rule is
 // refused with a reason, logged, and its connection closed; nothing a peer
 // sends can do more than that.
@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "crypto.h"
 #include "engine_impl.h"
 #include "log.h"
 
@@ -21,13 +22,6 @@ namespace pdkv::backends::mooncake {
 namespace {
 
 constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
-
-bool equal_secret(std::string_view a, std::string_view b) {  // constant time
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 std::string peer_address(int fd) {
   SocketAddress a;
@@ -61,12 +55,24 @@ void Listener::on_events(uint32_t) {
       Inbound* raw = conn.get();
       loop.inbound.emplace(raw, std::move(conn));
       loop.loop.add(fd, EPOLLIN, raw);
+      raw->start();
     });
   }
 }
 
 Inbound::Inbound(TransferEngine::Impl& core, LoopContext& loop, int fd, std::string from)
     : core_(core), loop_(loop), fd_(fd), from_(std::move(from)) {}
+
+void Inbound::start() {
+  auto nonce = crypto::random_bytes(wire::kNonceBytes);
+  if (!nonce.is_ok()) return refuse(nonce.status());
+  nonce_ = std::move(*nonce);
+  writer_.push_owned(wire::frame(wire::FrameType::kChallenge, 0, 0, 0, nonce_.size()), nonce_);
+  uint64_t bytes;
+  int error_number;
+  if (writer_.flush(fd_, bytes, error_number) == IoOutcome::kError) return close();
+  loop_.loop.modify(fd_, EPOLLIN | (writer_.empty() ? 0u : uint32_t{EPOLLOUT}), this);
+}
 
 Inbound::~Inbound() {
   if (fd_ >= 0) ::close(fd_);
@@ -146,10 +152,10 @@ Status Inbound::on_header(const wire::FrameHeader& h, PayloadSink& sink) {
   using wire::FrameType;
   const auto type = static_cast<FrameType>(h.type);
   if (!authenticated_) {
-    if (type != FrameType::kHello || h.payload < wire::kSecretBytes ||
+    if (type != FrameType::kHello || h.payload < wire::kNonceBytes + wire::kMacBytes ||
         h.payload > wire::kMaxHelloPayload) {
       return Status::failed_precondition(
-          fmt::format("expected HELLO with the session secret first, got {} with {} bytes",
+          fmt::format("expected HELLO answering the challenge first, got {} with {} bytes",
                       wire::frame_type_name(h.type), h.payload));
     }
     sink.keep = true;
@@ -186,16 +192,24 @@ Status Inbound::on_header(const wire::FrameHeader& h, PayloadSink& sink) {
 Status Inbound::on_frame(const wire::FrameHeader& h, std::string& kept) {
   using wire::FrameType;
   switch (static_cast<FrameType>(h.type)) {
-    case FrameType::kHello:
-      if (!equal_secret(std::string_view(kept).substr(0, wire::kSecretBytes), core_.secret)) {
-        return Status::failed_precondition("wrong session secret");
+    case FrameType::kHello: {
+      const std::string_view hello(kept);
+      const std::string_view nonce = hello.substr(0, wire::kNonceBytes);
+      const std::string_view name = hello.substr(wire::kNonceBytes + wire::kMacBytes);
+      if (!crypto::equal(hello.substr(wire::kNonceBytes, wire::kMacBytes),
+                         wire::hello_mac(core_.secret, nonce_, nonce, name))) {
+        return Status::failed_precondition(
+            "HELLO does not answer this connection's challenge under the session secret");
       }
       authenticated_ = true;
-      peer_name_ = kept.substr(wire::kSecretBytes);
-      writer_.push_owned(wire::frame(wire::FrameType::kHelloOk, 0, 0, 0, 0), {});
+      peer_name_ = std::string(name);
+      std::string proof = wire::hello_ok_mac(core_.secret, nonce, nonce_);
+      const auto frame = wire::frame(wire::FrameType::kHelloOk, 0, 0, 0, proof.size());
+      writer_.push_owned(frame, std::move(proof));
       logger("mooncake")
           ->debug("segment {}: rail from {} ({})", core_.segment_name(), from_, peer_name_);
       return Status::ok();
+    }
     case FrameType::kWrite:
       last_applied_ = h.seq;
       ack_due_ = true;

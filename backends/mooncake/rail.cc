@@ -15,6 +15,7 @@
 #include <cstring>
 #include <set>
 
+#include "crypto.h"
 #include "engine_impl.h"
 #include "log.h"
 
@@ -32,6 +33,7 @@ Rail::~Rail() {
 
 void Rail::connect() {
   failed_connecting_ = false;
+  proven_ = false;
   next_seq_ = 1;
   reader_ = FrameReader();
   writer_.clear();
@@ -53,11 +55,7 @@ void Rail::connect() {
     return failed("connect");
   }
   state_ = State::kConnecting;
-  // HELLO goes first; slices queue behind it while the connection is set up.
-  const SegmentDescriptor& target = peer_.descriptor();
-  std::string hello = target.secret + peer_.core().segment_name();
-  const auto frame = wire::frame(wire::FrameType::kHello, 0, 0, 0, hello.size());
-  writer_.push_owned(frame, std::move(hello));
+  // Slices queue until the target's CHALLENGE is answered (on_challenge).
   peer_.loop().loop.add(fd_, EPOLLIN | EPOLLOUT, this);
 }
 
@@ -69,9 +67,22 @@ void Rail::on_connected() {
     return fail(Status::unavailable(fmt::format("{}: connect: {}", label_, std::strerror(error))),
                 true);
   }
-  state_ = State::kOpen;
+  state_ = State::kHandshake;
   last_progress_ = Clock::now();
-  logger("mooncake")->debug("{} to {} up", label_, peer_.descriptor().name);
+  update_interest();  // nothing to send before the challenge
+}
+
+Status Rail::on_challenge(std::string target_nonce) {
+  PDKV_ASSIGN_OR_RETURN(nonce_, crypto::random_bytes(wire::kNonceBytes));
+  target_nonce_ = std::move(target_nonce);
+  const SegmentDescriptor& target = peer_.descriptor();
+  const std::string& name = peer_.core().segment_name();
+  std::string hello = nonce_ + wire::hello_mac(target.secret, target_nonce_, nonce_, name) + name;
+  const auto frame = wire::frame(wire::FrameType::kHello, 0, 0, 0, hello.size());
+  writer_.push_front_owned(frame, std::move(hello));
+  state_ = State::kOpen;  // on_events flushes HELLO and the slices behind it
+  logger("mooncake")->debug("{} to {} up", label_, target.name);
+  return Status::ok();
 }
 
 void Rail::enqueue(SlicePtr slice) {
@@ -105,7 +116,9 @@ void Rail::flush() {
 
 void Rail::update_interest() {
   if (fd_ >= 0)
-    peer_.loop().loop.modify(fd_, EPOLLIN | (writer_.empty() ? 0u : uint32_t{EPOLLOUT}), this);
+    peer_.loop().loop.modify(
+        fd_, EPOLLIN | (writer_.empty() || state_ == State::kHandshake ? 0u : uint32_t{EPOLLOUT}),
+        this);
 }
 
 Slices Rail::shut(const Status& reason, bool connecting) {
@@ -184,14 +197,14 @@ bool Rail::check_progress(Clock::time_point now) {
     for (auto& s : shut(reason, false)) peer_.core().fail(*s, TransferState::kFailed, reason);
     return false;
   }
-  const bool owes = state_ == State::kConnecting || (state_ == State::kOpen && !unacked_.empty());
+  const bool connecting = state_ == State::kConnecting || state_ == State::kHandshake;
+  const bool owes = connecting || (state_ == State::kOpen && !unacked_.empty());
   if (!owes) return false;
   const auto timeout = peer_.core().config.slice_timeout;
   if (now - last_progress_ < timeout) return true;
-  fail(Status::deadline_exceeded(
-           fmt::format("{}: no progress for {} ms{}", label_, timeout.count(),
-                       state_ == State::kConnecting ? " while connecting" : "")),
-       state_ == State::kConnecting);
+  fail(Status::deadline_exceeded(fmt::format("{}: no progress for {} ms{}", label_, timeout.count(),
+                                             connecting ? " while connecting" : "")),
+       connecting);
   return false;
 }
 
@@ -199,9 +212,8 @@ void Rail::on_events(uint32_t events) {
   if (state_ == State::kConnecting) {
     if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) == 0) return;
     on_connected();
-    if (state_ != State::kOpen) return;
   }
-  if (state_ != State::kOpen) return;
+  if (state_ != State::kOpen && state_ != State::kHandshake) return;
   if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
     uint64_t bytes = 0;
     const IoOutcome outcome = reader_.pump(
@@ -238,15 +250,25 @@ Status Rail::complete_writes_before(uint64_t seq) {
 
 Status Rail::on_header(const wire::FrameHeader& h, PayloadSink& sink) {
   using wire::FrameType;
+  const bool handshake = state_ == State::kHandshake;
   switch (static_cast<FrameType>(h.type)) {
+    case FrameType::kChallenge:
+      if (!handshake || h.payload != wire::kNonceBytes) break;
+      sink.keep = true;
+      return Status::ok();
     case FrameType::kHelloOk:
+      if (handshake || proven_ || h.payload != wire::kMacBytes) break;
+      sink.keep = true;
+      return Status::ok();
     case FrameType::kAck:
+      if (!proven_) break;  // only the target that proved the secret acknowledges
       return Status::ok();
     case FrameType::kRefuse:
       if (h.payload > wire::kMaxRefusePayload) break;
       sink.keep = true;
       return Status::ok();
     case FrameType::kReadData: {
+      if (!proven_) break;
       PDKV_RETURN_IF_ERROR(complete_writes_before(h.seq));
       if (unacked_.empty() || unacked_.front()->seq != h.seq ||
           unacked_.front()->opcode != Opcode::kRead || unacked_.front()->length != h.payload) {
@@ -266,6 +288,16 @@ Status Rail::on_header(const wire::FrameHeader& h, PayloadSink& sink) {
 Status Rail::on_frame(const wire::FrameHeader& h, std::string& kept) {
   using wire::FrameType;
   switch (static_cast<FrameType>(h.type)) {
+    case FrameType::kChallenge:
+      return on_challenge(std::move(kept));
+    case FrameType::kHelloOk:
+      if (!crypto::equal(kept,
+                         wire::hello_ok_mac(peer_.descriptor().secret, nonce_, target_nonce_))) {
+        return Status::failed_precondition(
+            "refused: HELLO_OK does not prove the session secret (not this segment's target)");
+      }
+      proven_ = true;
+      return Status::ok();
     case FrameType::kAck:
       PDKV_RETURN_IF_ERROR(complete_writes_before(h.seq + 1));
       return Status::ok();

@@ -51,7 +51,7 @@ Result<SegmentDescriptor> SegmentDescriptor::decode(std::string_view blob) {
   }
   if (!r.bytes(name) || !r.bytes(host) || !r.u64(d.pid) || !r.u64(d.start_time) ||
       !r.bytes(secret) || secret.size() != wire::kSecretBytes || !r.u64(rails) || rails == 0 ||
-      rails > kMaxEntries) {
+      rails > kMaxEntries || rails > r.left() / 8) {
     return Status::invalid_argument("mooncake segment descriptor truncated in its header");
   }
   d.name = name;
@@ -63,7 +63,7 @@ Result<SegmentDescriptor> SegmentDescriptor::decode(std::string_view blob) {
       return Status::invalid_argument("mooncake descriptor truncated in its rails");
     d.rails.emplace_back(rail);
   }
-  if (!r.u64(buffers) || buffers > kMaxEntries) {
+  if (!r.u64(buffers) || buffers > kMaxEntries || buffers > r.left() / 16) {
     return Status::invalid_argument("mooncake descriptor truncated before its buffers");
   }
   d.buffers.resize(buffers);

@@ -88,19 +88,28 @@ Status Endpoint::open(const std::string& name, const std::string& host) {
   can_fence = name != "shm" && av_remove_cleanup();
   // Shared memory has no network address to open on.
   const std::string node = name == "shm" ? "" : host;
-  Status with_events = get_info(name, node, FI_RMA_EVENT);
-  if (!with_events.is_ok()) PDKV_RETURN_IF_ERROR(get_info(name, node, 0));
-  return open_objects();
+  // Keys we draw at random where the provider takes them (without
+  // FI_MR_PROV_KEY); the provider's own where it insists (util providers'
+  // count from 1, so they are asked for last). RMA events where offered.
+  Status found = Status::ok();
+  for (const uint64_t prov_key : {uint64_t{0}, uint64_t{FI_MR_PROV_KEY}}) {
+    for (const uint64_t caps : {uint64_t{FI_RMA_EVENT}, uint64_t{0}}) {
+      found = get_info(name, node, caps, prov_key);
+      if (found.is_ok()) return open_objects();
+    }
+  }
+  return found;
 }
 
-Status Endpoint::get_info(const std::string& name, const std::string& host, uint64_t extra_caps) {
+Status Endpoint::get_info(const std::string& name, const std::string& host, uint64_t extra_caps,
+                          uint64_t prov_key_mode) {
   fi_info* hints = fi_allocinfo();
   if (hints == nullptr) return Status::internal("fi_allocinfo failed");
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | extra_caps;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->domain_attr->mr_mode =
-      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | prov_key_mode | FI_MR_ENDPOINT;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   hints->fabric_attr->prov_name = strdup(name.c_str());
@@ -119,6 +128,7 @@ Status Endpoint::open_objects() {
   const uint64_t mr_mode = info->domain_attr->mr_mode;
   virt_addr = mr_mode & FI_MR_VIRT_ADDR;
   prov_key = mr_mode & FI_MR_PROV_KEY;
+  key_bytes = std::min<size_t>(info->domain_attr->mr_key_size, sizeof(uint64_t));
   endpoint_mr = mr_mode & FI_MR_ENDPOINT;
   if (info->domain_attr->cq_data_size < sizeof(uint64_t)) {
     return Status::failed_precondition(

@@ -33,7 +33,7 @@ struct Endpoint {
   bool virt_addr = false;    // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
   bool prov_key = false;     // FI_MR_PROV_KEY: the provider chooses keys
   bool endpoint_mr = false;  // FI_MR_ENDPOINT: bind each MR to the endpoint
-  uint64_t next_key = 1;     // our keys, without FI_MR_PROV_KEY
+  size_t key_bytes = 8;      // of a key the provider takes (mr_key_size)
 
   Endpoint() = default;
   Endpoint(const Endpoint&) = delete;
@@ -55,7 +55,8 @@ struct Endpoint {
   bool can_fence = false;  // decided by open(), as libfabric reads its setting then
 
  private:
-  Status get_info(const std::string& name, const std::string& host, uint64_t extra_caps);
+  Status get_info(const std::string& name, const std::string& host, uint64_t extra_caps,
+                  uint64_t prov_key_mode);
   Status open_objects();
 };
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <map>
@@ -21,6 +22,7 @@
 #include <set>
 #include <thread>
 
+#include "crypto.h"
 #include "fabric_endpoint.h"
 #include "host_identity.h"
 #include "log.h"
@@ -30,6 +32,18 @@ namespace pdkv::backends::mori {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr int kKeyTries = 4;
+
+// A memory key of the provider's key size drawn from the kernel's random
+// bytes (never 0): a peer that did not get our descriptor cannot guess it.
+Result<uint64_t> random_key(const Endpoint& e) {
+  PDKV_ASSIGN_OR_RETURN(const std::string bytes, crypto::random_bytes(sizeof(uint64_t)));
+  uint64_t key = 0;
+  std::memcpy(&key, bytes.data(), sizeof key);
+  if (e.key_bytes < sizeof key) key &= (uint64_t{1} << (8 * e.key_bytes)) - 1;
+  return key == 0 ? 1 : key;
+}
 
 // Idle, the progress thread still reads the completion queues this often:
 // manual-progress providers move inbound data only when polled.
@@ -484,10 +498,15 @@ Result<MemoryDesc> IoEngine::register_memory(void* base, uint64_t length) {
     reg.desc.length = length;
     for (auto& e : impl_->endpoints) {
       fid_mr* mr = nullptr;
-      const uint64_t requested = e->prov_key ? 0 : e->next_key++;
-      int rc =
-          fi_mr_reg(e->domain, base, length, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE,
-                    0, requested, 0, &mr, nullptr);
+      int rc = -FI_ENOKEY;
+      // A key nobody can guess (a key in use already is drawn again).
+      for (int tries = 0; rc == -FI_ENOKEY && tries < kKeyTries; ++tries) {
+        PDKV_ASSIGN_OR_RETURN(const uint64_t requested,
+                              e->prov_key ? Result<uint64_t>(uint64_t{0}) : random_key(*e));
+        rc = fi_mr_reg(e->domain, base, length,
+                       FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE, 0, requested, 0, &mr,
+                       nullptr);
+      }
       if (rc == 0 && e->endpoint_mr) {
         rc = fi_mr_bind(mr, &e->ep->fid, 0);
         if (rc == 0) rc = fi_mr_enable(mr);
@@ -537,7 +556,8 @@ Result<std::pair<size_t, size_t>> IoEngine::Impl::endpoint_for(const EngineDesc&
 
 Status IoEngine::register_remote_engine(const EngineDesc& remote) {
   PDKV_ASSIGN_OR_RETURN(const auto chosen, impl_->endpoint_for(remote));
-  const auto [local, theirs] = chosen;
+  // Named, not a structured binding: lambdas capture these (clang 14).
+  const auto local = chosen.first, theirs = chosen.second;
   return impl_->thread.run([&]() -> Status {
     Endpoint& e = *impl_->endpoints[local];
     fi_addr_t addr = FI_ADDR_UNSPEC;
@@ -564,7 +584,7 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote) {
 bool IoEngine::fence_peer(const EngineDesc& remote) {
   auto chosen = impl_->endpoint_for(remote);
   if (!chosen.is_ok()) return false;
-  const auto [local, theirs] = *chosen;
+  const auto local = chosen->first, theirs = chosen->second;
   Result<bool> fenced = impl_->thread.run([&]() -> Result<bool> {
     return impl_->endpoints[local]->fence(remote.endpoints[theirs].address);
   });

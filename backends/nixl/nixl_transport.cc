@@ -319,25 +319,29 @@ ucp_ep_params_t NixlTransport::endpoint_params(std::string_view worker_address,
   return ep;
 }
 
-Result<PeerId> NixlTransport::connect(std::string_view desc) {
+Result<ParsedDescriptor> parse_descriptor(std::string_view desc) {
   ByteReader r(desc);
   const std::optional<Header> header = read_header(r);
   uint64_t count = 0;
-  if (!header || !r.u64(count) || count > (1u << 20)) {
+  // Each region takes at least 24 bytes: a count beyond what is left is a lie.
+  if (!header || !r.u64(count) || count > r.left() / 24) {
     return Status::invalid_argument(
         fmt::format("not a nixl descriptor ({} bytes): bad header", desc.size()));
   }
-  struct WireRegion {
-    uint64_t base, length;
-    std::string_view rkey;
-  };
-  std::vector<WireRegion> table(count);
-  for (auto& w : table) {
+  ParsedDescriptor parsed{header->worker_address, header->instance, header->messages != 0, {}};
+  parsed.regions.resize(count);
+  for (auto& w : parsed.regions) {
     if (!r.u64(w.base) || !r.u64(w.length) || !r.bytes(w.rkey)) {
       return Status::invalid_argument("nixl descriptor truncated in its region table");
     }
   }
-  const std::string_view address = header->worker_address;
+  return parsed;
+}
+
+Result<PeerId> NixlTransport::connect(std::string_view desc) {
+  PDKV_ASSIGN_OR_RETURN(const ParsedDescriptor parsed, parse_descriptor(desc));
+  const auto& table = parsed.regions;
+  const std::string_view address = parsed.worker_address;
   return thread_.run([&]() -> Result<PeerId> {
     PeerId id;
     {
@@ -345,9 +349,9 @@ Result<PeerId> NixlTransport::connect(std::string_view desc) {
       id = next_peer_++;
     }
     Wire wire;
-    wire.messages = header->messages != 0;  // the target's choice (docs/backends.md)
-    wire.target = header->instance;
-    wire.generation = generations_[header->instance];
+    wire.messages = parsed.messages;  // the target's choice (docs/backends.md)
+    wire.target = parsed.instance;
+    wire.generation = generations_[parsed.instance];
     wire.error_arg = std::make_unique<ErrorArg>(ErrorArg{this, id});
     const ucp_ep_params_t ep = endpoint_params(address, wire.error_arg.get());
     ucs_status_t st = ucp_ep_create(worker_, &ep, &wire.ep);

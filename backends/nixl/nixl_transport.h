@@ -72,6 +72,19 @@ namespace pdkv::backends::nixl {
 // "what: UCX's words for status", as an internal error.
 Status ucx_error(const std::string& what, ucs_status_t status);
 
+// A peer's descriptor, read (views into its bytes): what connect() uses.
+struct ParsedDescriptor {
+  struct Region {
+    uint64_t base = 0, length = 0;
+    std::string_view rkey;  // packed by ucp_rkey_pack
+  };
+  std::string_view worker_address;
+  uint64_t instance = 0;  // the transport's token
+  bool messages = false;  // its data path is the message path
+  std::vector<Region> regions;
+};
+Result<ParsedDescriptor> parse_descriptor(std::string_view desc);
+
 class NixlTransport final : public Transport {
  public:
   static Result<std::unique_ptr<Transport>> create(const TransportOptions& options);

@@ -107,7 +107,9 @@ const char* pdkv_transport_name(size_t index);
  *   bootstrap_address (host:port), control_host,
  *   timeout_bootstrap_ms, timeout_waiting_for_data_ms, timeout_transfer_ms,
  *   timeout_keepalive_ms, timeout_connect_ms,
- *   faults ("KEY=VALUE,...", pdkv/faults.h). */
+ *   faults ("KEY=VALUE,...", pdkv/faults.h),
+ *   secret_file, tls_cert, tls_key, tls_ca (paths, read when set;
+ *   pdkv/security.h, docs/security.md). */
 typedef struct pdkv_config pdkv_config;
 
 pdkv_status pdkv_config_create(pdkv_config** out);
@@ -230,6 +232,10 @@ pdkv_status pdkv_receiver_metrics(const pdkv_receiver* receiver, pdkv_transfer_m
 typedef struct pdkv_bootstrap_server pdkv_bootstrap_server;
 
 pdkv_status pdkv_bootstrap_server_start(const char* address, pdkv_bootstrap_server** out);
+/* As above, authenticated (and with TLS) as `config`'s secret_file and tls_*
+ * keys say; the other keys are ignored. */
+pdkv_status pdkv_bootstrap_server_start_secured(const char* address, const pdkv_config* config,
+                                                pdkv_bootstrap_server** out);
 pdkv_status pdkv_bootstrap_server_port(const pdkv_bootstrap_server* server, int32_t* port);
 /* Blocks until pdkv_bootstrap_server_shutdown() is called from another thread. */
 pdkv_status pdkv_bootstrap_server_wait(pdkv_bootstrap_server* server);

@@ -38,6 +38,10 @@ struct Security {
 Result<Security> load_security(const std::string& secret_file, const std::string& tls_cert_file,
                                const std::string& tls_key_file, const std::string& tls_ca_file);
 
+// One file each: a secret file as load_security checks it; a PEM file's text.
+Result<std::string> read_secret_file(const std::string& path);
+Result<std::string> read_pem_file(const std::string& path);
+
 // The environment's variables of the same names, for embedders:
 // PDKV_SECRET_FILE, PDKV_TLS_CERT, PDKV_TLS_KEY, PDKV_TLS_CA.
 Result<Security> security_from_environment();

@@ -13,11 +13,11 @@ pdkv.sglang is a transfer backend shaped like SGLang's disaggregation
 classes. docs/integration.md is the guide.
 """
 
-from pdkv.engine import (BootstrapServer, Engine, PollState, Receiver, Sender, transport_names,
-                         version)
+from pdkv.engine import (BootstrapServer, Engine, PollState, Receiver, Sender, check_config,
+                         transport_names, version)
 from pdkv.errors import PdkvError, StatusCode
 from pdkv.memory import Region, region_of
 
-__all__ = ["BootstrapServer", "Engine", "PollState", "Receiver", "Sender", "PdkvError",
+__all__ = ["BootstrapServer", "Engine", "PollState", "Receiver", "Sender", "PdkvError", "check_config",
            "StatusCode", "Region", "region_of", "transport_names", "version"]
 __version__ = version()

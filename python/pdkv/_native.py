@@ -119,6 +119,7 @@ _PROTOTYPES = {
     "pdkv_receiver_failure": (c_status, [c_handle]),
     "pdkv_receiver_metrics": (c_status, [c_handle, _P(TransferMetrics)]),
     "pdkv_bootstrap_server_start": (c_status, [ctypes.c_char_p, _P(c_handle)]),
+    "pdkv_bootstrap_server_start_secured": (c_status, [ctypes.c_char_p, c_handle, _P(c_handle)]),
     "pdkv_bootstrap_server_port": (c_status, [c_handle, _P(ctypes.c_int32)]),
     "pdkv_bootstrap_server_wait": (c_status, [c_handle]),
     "pdkv_bootstrap_server_shutdown": (c_status, [c_handle]),

@@ -9,6 +9,7 @@ it goes with the last reference. A Sender or Receiver may outlive its Engine:
 its room then fails ("engine shut down").
 """
 
+import contextlib
 import ctypes
 import enum
 
@@ -48,6 +49,26 @@ def _setting(key, value):
             return f"{value[0]}:{value[1]}"
         return ",".join(str(v) for v in value)
     return str(value)
+
+
+@contextlib.contextmanager
+def _c_config(config):
+    """A pdkv_config holding `config`'s keys (refused ones raise PdkvError)."""
+    c_config = ctypes.c_void_p()
+    check(lib.pdkv_config_create(ctypes.byref(c_config)))
+    try:
+        for key, value in config.items():
+            check(lib.pdkv_config_set(c_config, key.encode(), _setting(key, value).encode()))
+        yield c_config
+    finally:
+        lib.pdkv_config_destroy(c_config)
+
+
+def check_config(config):
+    """Raises PdkvError for a key or value pdkv_config_set refuses (a secret
+    file it cannot use, say), before anything is started."""
+    with _c_config(config):
+        pass
 
 
 def _u64_array(values):
@@ -91,12 +112,21 @@ class _Handle:
 
 
 class BootstrapServer(_Handle):
-    """The bootstrap service (pdkv/bootstrap.h); port 0 picks a free port."""
+    """The bootstrap service (pdkv/bootstrap.h); port 0 picks a free port.
+
+    `security`: the keys secret_file, tls_cert, tls_key, tls_ca of
+    pdkv_config_set (docs/security.md); empty: no authentication."""
     _destroy = lib.pdkv_bootstrap_server_destroy
 
-    def __init__(self, host="127.0.0.1", port=0):
+    def __init__(self, host="127.0.0.1", port=0, security=None):
         out = ctypes.c_void_p()
-        check(lib.pdkv_bootstrap_server_start(f"{host}:{port}".encode(), ctypes.byref(out)))
+        address = f"{host}:{port}".encode()
+        if not security:
+            check(lib.pdkv_bootstrap_server_start(address, ctypes.byref(out)))
+        else:
+            with _c_config(security) as c_config:
+                check(lib.pdkv_bootstrap_server_start_secured(address, c_config,
+                                                              ctypes.byref(out)))
         super().__init__(out)
 
     @property
@@ -194,17 +224,11 @@ class Engine(_Handle):
     _destroy = lib.pdkv_engine_destroy
 
     def __init__(self, config, pools=None):
-        c_config = ctypes.c_void_p()
-        check(lib.pdkv_config_create(ctypes.byref(c_config)))
-        try:
-            for key, value in config.items():
-                check(lib.pdkv_config_set(c_config, key.encode(), _setting(key, value).encode()))
+        with _c_config(config) as c_config:
             self._memory = pools  # keeps the caller's buffers alive with the engine
             c_pools = None if pools is None else ctypes.byref(self._c_pools(pools))
             out = ctypes.c_void_p()
             check(lib.pdkv_engine_create(c_config, c_pools, ctypes.byref(out)))
-        finally:
-            lib.pdkv_config_destroy(c_config)
         super().__init__(out)
 
     @staticmethod

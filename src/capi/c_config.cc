@@ -125,6 +125,14 @@ Status set_faults(EngineConfig& c, const std::string& v) {
   return Status::ok();
 }
 
+// A setter that reads the file a value names into a field of the config's Security.
+Setter file_into(Result<std::string> (*read)(const std::string&), std::string Security::*field) {
+  return [read, field](EngineConfig& c, const std::string& v) -> Status {
+    PDKV_ASSIGN_OR_RETURN(c.security.*field, read(v));
+    return Status::ok();
+  };
+}
+
 Status set_mla(EngineConfig& c, const std::string& v) {
   if (v != "0" && v != "1") return bad_value("mla", v, "0 or 1");
   c.kv.mla = v == "1";
@@ -192,6 +200,10 @@ const std::map<std::string, Setter>& setters() {
        milliseconds(
            "timeout_connect_ms", [](EngineConfig & c) -> auto& { return c.timeouts.connect; })},
       {"faults", set_faults},
+      {"secret_file", file_into(read_secret_file, &Security::secret)},
+      {"tls_cert", file_into(read_pem_file, &Security::tls_cert)},
+      {"tls_key", file_into(read_pem_file, &Security::tls_key)},
+      {"tls_ca", file_into(read_pem_file, &Security::tls_ca)},
   };
   return table;
 }

@@ -100,6 +100,20 @@ pdkv_status pdkv_bootstrap_server_start(const char* address, pdkv_bootstrap_serv
   });
 }
 
+pdkv_status pdkv_bootstrap_server_start_secured(const char* address, const pdkv_config* config,
+                                                pdkv_bootstrap_server** out) {
+  return c_call(__func__, [&] {
+    PDKV_RETURN_IF_ERROR(require(address, "address"));
+    PDKV_RETURN_IF_ERROR(require(config, "config"));
+    PDKV_RETURN_IF_ERROR(require(out, "out"));
+    PDKV_ASSIGN_OR_RETURN(
+        auto server,
+        pdkv::BootstrapServer::start(address, config->config.security, config->config.limits));
+    *out = new pdkv_bootstrap_server{std::move(server)};
+    return Status::ok();
+  });
+}
+
 pdkv_status pdkv_bootstrap_server_port(const pdkv_bootstrap_server* server, int32_t* port) {
   return c_call(__func__, [&] {
     PDKV_RETURN_IF_ERROR(require(server, "server"));

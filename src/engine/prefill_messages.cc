@@ -12,8 +12,21 @@ RankKey key_of(const proto::RankRef& r) { return {r.tp_rank(), r.pp_rank()}; }
 
 }  // namespace
 
+Status PrefillSide::room_for_early_message(RoomId id) const {
+  if (early_rooms_ < ctx_.config.limits.early_rooms) return Status::ok();
+  return Status::resource_exhausted(
+      fmt::format("room {}: {} rooms known only from early messages are open on {} already "
+                  "(Limits::early_rooms)",
+                  id, early_rooms_, describe(ctx_.self)));
+}
+
 void PrefillSide::on_transfer_info(const proto::TransferInfo& info, AnswerPtr answer) {
   const RoomId id = info.room();
+  if (uint64_t(info.dst_pages_size()) > ctx_.config.limits.page_list) {
+    return answer->send(Status::resource_exhausted(
+        fmt::format("room {}: {} lists {} pages, more than {} (Limits::page_list)", id,
+                    describe(info.decode()), info.dst_pages_size(), ctx_.config.limits.page_list)));
+  }
   PrefillRoom* found = find(id);
   if (ctx_.directory.closed_before(id) || (found && found->closed)) {
     return answer->send(Status::failed_precondition(
@@ -28,6 +41,9 @@ void PrefillSide::on_transfer_info(const proto::TransferInfo& info, AnswerPtr an
   // A room that already failed answers with its own failure (code and reason).
   if (found && found->failure) return answer->send(*found->failure);
   // Metadata may come before the Sender: it opens the room, for a while.
+  if (!found) {
+    if (Status full = room_for_early_message(id); !full.is_ok()) return answer->send(full);
+  }
   PrefillRoom& room = found ? *found : orphan(id);
   room.engine = engine;
   if (!room.bound) {
@@ -39,6 +55,7 @@ void PrefillSide::on_transfer_info(const proto::TransferInfo& info, AnswerPtr an
     // A room is only opened for metadata that is accepted.
     for (const auto& [key, dest] : room.dests) ctx_.peers.detach(dest.peer, id);
     ctx_.loop.cancel(room.deadline);
+    if (room.early) --early_rooms_;
     rooms_.erase(id);
     ctx_.counters.rooms = rooms_.size();
     return;
@@ -155,6 +172,9 @@ void PrefillSide::on_abort(const proto::AbortRequest& request, AnswerPtr answer)
   const Status why = Status::aborted(
       fmt::format("{} aborted room {}: {}", describe(request.decode()), id, request.reason()));
   // Aborted before this rank's Sender opened it: the failure waits for it.
+  if (!found) {
+    if (Status full = room_for_early_message(id); !full.is_ok()) return answer->send(full);
+  }
   PrefillRoom& room = found ? *found : orphan(id);
   const EngineKey engine{request.decode().engine_id(), request.decode().dp_rank()};
   if (room.engine && *room.engine != engine) {

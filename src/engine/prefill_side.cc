@@ -18,6 +18,8 @@ PrefillSide::PrefillRoom* PrefillSide::find(RoomId room) {
 PrefillSide::PrefillRoom& PrefillSide::orphan(RoomId id) {
   PrefillRoom& room = rooms_[id];
   room.id = id;
+  room.early = true;
+  ++early_rooms_;
   ctx_.counters.rooms = rooms_.size();
   arm_deadline(room, PrefillRoom::Deadline::kData);
   return room;
@@ -29,6 +31,7 @@ void PrefillSide::open(std::shared_ptr<RoomHandle> handle, std::optional<EngineK
   PrefillRoom& room = found ? *found : rooms_[id];
   room.id = id;
   ctx_.counters.rooms = rooms_.size();
+  if (std::exchange(room.early, false)) --early_rooms_;
   room.handle = std::move(handle);
   if (room.failure) {  // aborted before this Sender came: it finds the failure
     ctx_.fail(room.handle.get(), *room.failure);
@@ -304,6 +307,7 @@ void PrefillSide::maybe_erase(PrefillRoom& room) {
   ctx_.loop.cancel(room.deadline);
   ctx_.loop.cancel(room.drain_timer);
   const RoomId id = room.id;
+  if (room.early) --early_rooms_;
   rooms_.erase(id);
   ctx_.directory.bury(id);
   ctx_.counters.rooms = rooms_.size();

@@ -95,6 +95,7 @@ class PrefillSide {
   struct PrefillRoom {
     RoomId id = 0;
     std::shared_ptr<RoomHandle> handle;  // null: opened by early messages, or closed
+    bool early = false;                  // opened by a message, no Sender yet (early_rooms_)
     bool closed = false;                 // the Sender let go
     std::optional<EngineKey> engine;     // the decode engine
     bool engine_named = false;           // by the Sender
@@ -133,6 +134,8 @@ class PrefillSide {
 
   PrefillRoom* find(RoomId room);
   PrefillRoom& orphan(RoomId room);  // opened by a message before the Sender
+  // Whether another room may be opened by a message (Limits::early_rooms).
+  Status room_for_early_message(RoomId room) const;
   void ensure_bound(PrefillRoom& room);
   void on_lookup(RoomId room, const Result<const PeerEngine*>& engine);
   void bind(PrefillRoom& room, const PeerEngine& engine);
@@ -171,6 +174,7 @@ class PrefillSide {
   std::unordered_map<RoomId, PrefillRoom> rooms_;
   std::deque<std::pair<RoomId, RankKey>> gather_waiters_;  // for room in the staging pool
   bool giving_up_ = false;
+  uint32_t early_rooms_ = 0;  // rooms with `early` set
 };
 
 }  // namespace pdkv::engine

@@ -24,6 +24,16 @@ TopologyLookups::TopologyLookups(EventLoop& loop, CallTracker& tracker,
     : loop_(loop), tracker_(tracker), bootstrap_(bootstrap_address, self.security), self_(self) {}
 
 std::optional<const PeerEngine*> TopologyLookups::want(const EngineKey& engine, Done done) {
+  if (lookups_.count(engine) == 0 && pending_ >= self_.limits.pending_lookups) {
+    // Every message naming an engine nobody registered would start one.
+    loop_.post([done, engine, limit = self_.limits.pending_lookups] {
+      done(Status::resource_exhausted(
+          fmt::format("engine '{}' dp {} not looked up: {} lookups are waiting already "
+                      "(Limits::pending_lookups)",
+                      engine.first, engine.second, limit)));
+    });
+    return std::nullopt;
+  }
   auto [it, fresh] = lookups_.try_emplace(engine);
   Lookup& lookup = it->second;
   if (lookup.ready) return &lookup.engine;
@@ -32,7 +42,10 @@ std::optional<const PeerEngine*> TopologyLookups::want(const EngineKey& engine, 
     return std::nullopt;
   }
   lookup.waiting.push_back(std::move(done));
-  if (fresh) start(engine);
+  if (fresh) {
+    ++pending_;
+    start(engine);
+  }
   return std::nullopt;
 }
 
@@ -117,6 +130,7 @@ Result<PeerEngine> TopologyLookups::link_up(const EngineKey& engine,
 void TopologyLookups::finish(const EngineKey& engine, Result<PeerEngine> result) {
   auto it = lookups_.find(engine);
   if (it == lookups_.end()) return;
+  --pending_;
   std::vector<Done> waiting = std::move(it->second.waiting);
   if (result.is_ok()) {
     it->second.ready = true;

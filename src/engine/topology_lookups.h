@@ -70,6 +70,7 @@ class TopologyLookups {
   const EngineConfig& self_;
   std::optional<Topology> own_;  // this rank's engine, once looked up
   std::map<EngineKey, Lookup> lookups_;
+  uint32_t pending_ = 0;  // lookups_ not ready (Limits::pending_lookups)
   bool stopped_ = false;
 };
 

@@ -65,8 +65,9 @@ class SigningFactory final : public grpc::experimental::ClientInterceptorFactory
   std::shared_ptr<const std::string> secret_;
 };
 
+// TLS as soon as there is a certificate to show or a CA to check servers with.
 std::shared_ptr<grpc::ChannelCredentials> channel_credentials(const Security& security) {
-  if (!security.tls()) return grpc::InsecureChannelCredentials();
+  if (!security.tls() && security.tls_ca.empty()) return grpc::InsecureChannelCredentials();
   grpc::SslCredentialsOptions options;
   options.pem_root_certs = security.tls_ca;
   options.pem_private_key = security.tls_key;

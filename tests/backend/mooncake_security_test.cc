@@ -10,10 +10,12 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "pdkv/transport.h"
 #include "segment.h"
+#include "support/mooncake_raw.h"
 #include "support/transport_pair.h"
 #include "wire.h"
 
@@ -28,24 +30,35 @@ std::string header(FrameType type, uint64_t seq, uint64_t addr, uint64_t length,
   return std::string(reinterpret_cast<const char*>(&h), sizeof h);
 }
 
-// Sends `bytes` on a fresh connection to `address`, half-closes, and returns
-// everything the target sent until it closed (bounded by a 5 s receive timeout).
-std::string exchange(const std::string& address, const std::string& bytes, bool* closed) {
+// Opens a fresh connection to `address`, reads the target's CHALLENGE, sends
+// `bytes(nonce)`, half-closes, and returns everything else the target sent
+// until it closed (bounded by a 5 s receive timeout).
+std::string exchange(const std::string& address,
+                     const std::function<std::string(const std::string& nonce)>& bytes,
+                     bool* closed) {
   const SocketAddress a = parse_address(address, true).value();
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   EXPECT_EQ(::connect(fd, a.get(), a.length), 0) << std::strerror(errno);
   timeval timeout{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  const std::string challenge = testing::read_challenge(fd);
+  EXPECT_EQ(challenge.size(), sizeof(wire::FrameHeader) + wire::kNonceBytes)
+      << "no CHALLENGE from the target";
+  wire::FrameHeader h;
+  std::memcpy(&h, challenge.data(), sizeof h);
+  EXPECT_EQ(h.type, static_cast<uint16_t>(FrameType::kChallenge));
+  EXPECT_EQ(h.payload, wire::kNonceBytes);
+  const std::string out = bytes(challenge.substr(sizeof h));
   size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+  ssize_t n;
+  while (sent < out.size()) {
+    n = ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
     if (n <= 0) break;  // the target may close before taking everything
     sent += static_cast<size_t>(n);
   }
   ::shutdown(fd, SHUT_WR);
   std::string reply;
   char buf[4096];
-  ssize_t n;
   while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) reply.append(buf, static_cast<size_t>(n));
   *closed = n == 0 || (n < 0 && errno == ECONNRESET);
   ::close(fd);
@@ -91,8 +104,8 @@ class MooncakeSecurity : public ::testing::Test {
     target_->acquire_remote_writes();
     EXPECT_EQ(std::memcmp(memory_.data() + (512 << 10), src.data(), src.size()), 0);
   }
-  std::string hello(const std::string& secret) {
-    return header(FrameType::kHello, 0, 0, 0, secret.size() + 4) + secret + "test";
+  static std::string hello(const std::string& secret, const std::string& challenge) {
+    return testing::hello_answering(secret, challenge, "test");
   }
   // Whether the first `n` bytes of the target's memory are still 0xEE.
   bool untouched(size_t from, size_t n) {
@@ -113,7 +126,10 @@ TEST_F(MooncakeSecurity, AWellFormedWriteWithTheSecretLands) {
   bool closed = false;
   const std::string reply = exchange(
       desc_.rails[0],
-      hello(desc_.secret) + header(FrameType::kWrite, 1, base_ + 100, 5, 5) + "hello", &closed);
+      [&](const std::string& c) {
+        return hello(desc_.secret, c) + header(FrameType::kWrite, 1, base_ + 100, 5, 5) + "hello";
+      },
+      &closed);
   std::string refusal;
   EXPECT_EQ(frames_of(reply, &refusal),
             (std::vector<FrameType>{FrameType::kHelloOk, FrameType::kAck}));
@@ -126,21 +142,54 @@ TEST_F(MooncakeSecurity, AWrongSecretIsRefused) {
   std::string wrong = desc_.secret;
   wrong[7] ^= 1;
   const std::string reply = exchange(
-      desc_.rails[0], hello(wrong) + header(FrameType::kWrite, 1, base_, 5, 5) + "evil!", &closed);
+      desc_.rails[0],
+      [&](const std::string& c) {
+        return hello(wrong, c) + header(FrameType::kWrite, 1, base_, 5, 5) + "evil!";
+      },
+      &closed);
   std::string refusal;
   EXPECT_EQ(frames_of(reply, &refusal), std::vector<FrameType>{FrameType::kRefuse});
-  EXPECT_EQ(refusal, "wrong session secret");
+  EXPECT_EQ(refusal, "HELLO does not answer this connection's challenge under the session secret");
+  EXPECT_TRUE(closed);
+  EXPECT_TRUE(untouched(0, 64));
+}
+
+// A HELLO captured on one connection opens no other: it answers that
+// connection's challenge only. And the secret itself never crosses the wire.
+TEST_F(MooncakeSecurity, AReplayedHelloIsRefused) {
+  bool closed = false;
+  std::string captured;
+  std::string refusal;
+  const std::string first = exchange(
+      desc_.rails[0],
+      [&](const std::string& c) {
+        captured = hello(desc_.secret, c);
+        return captured;
+      },
+      &closed);
+  EXPECT_EQ(frames_of(first, &refusal), std::vector<FrameType>{FrameType::kHelloOk});
+  EXPECT_EQ(captured.find(desc_.secret), std::string::npos);
+  const std::string replayed = exchange(
+      desc_.rails[0],
+      [&](const std::string&) {
+        return captured + header(FrameType::kWrite, 1, base_, 5, 5) + "evil!";
+      },
+      &closed);
+  EXPECT_EQ(frames_of(replayed, &refusal), std::vector<FrameType>{FrameType::kRefuse});
+  EXPECT_EQ(refusal, "HELLO does not answer this connection's challenge under the session secret");
   EXPECT_TRUE(closed);
   EXPECT_TRUE(untouched(0, 64));
 }
 
 TEST_F(MooncakeSecurity, AWriteWithoutHelloIsRefused) {
   bool closed = false;
-  const std::string reply =
-      exchange(desc_.rails[0], header(FrameType::kWrite, 1, base_, 5, 5) + "evil!", &closed);
+  const std::string reply = exchange(
+      desc_.rails[0],
+      [&](const std::string&) { return header(FrameType::kWrite, 1, base_, 5, 5) + "evil!"; },
+      &closed);
   std::string refusal;
   EXPECT_EQ(frames_of(reply, &refusal), std::vector<FrameType>{FrameType::kRefuse});
-  EXPECT_NE(refusal.find("expected HELLO with the session secret first, got WRITE"),
+  EXPECT_NE(refusal.find("expected HELLO answering the challenge first, got WRITE"),
             std::string::npos)
       << refusal;
   EXPECT_TRUE(closed);
@@ -153,7 +202,10 @@ TEST_F(MooncakeSecurity, AWriteOutsideTheRegisteredBuffersIsRefused) {
   const uint64_t addr = base_ + memory_.size() - 90;
   const std::string reply = exchange(
       desc_.rails[0],
-      hello(desc_.secret) + header(FrameType::kWrite, 1, addr, 100, 100) + std::string(100, 'x'),
+      [&](const std::string& c) {
+        return hello(desc_.secret, c) + header(FrameType::kWrite, 1, addr, 100, 100) +
+               std::string(100, 'x');
+      },
       &closed);
   std::string refusal;
   EXPECT_EQ(frames_of(reply, &refusal),
@@ -163,9 +215,12 @@ TEST_F(MooncakeSecurity, AWriteOutsideTheRegisteredBuffersIsRefused) {
   EXPECT_TRUE(closed);
   EXPECT_TRUE(untouched(memory_.size() - 90, 90));
   // A read outside is refused as well.
-  const std::string read_reply =
-      exchange(desc_.rails[0],
-               hello(desc_.secret) + header(FrameType::kRead, 1, base_ - 4096, 64, 0), &closed);
+  const std::string read_reply = exchange(
+      desc_.rails[0],
+      [&](const std::string& c) {
+        return hello(desc_.secret, c) + header(FrameType::kRead, 1, base_ - 4096, 64, 0);
+      },
+      &closed);
   EXPECT_EQ(frames_of(read_reply, &refusal),
             (std::vector<FrameType>{FrameType::kHelloOk, FrameType::kRefuse}));
   EXPECT_NE(refusal.find("READ of 64 bytes"), std::string::npos) << refusal;
@@ -174,10 +229,13 @@ TEST_F(MooncakeSecurity, AWriteOutsideTheRegisteredBuffersIsRefused) {
 TEST_F(MooncakeSecurity, ATruncatedSliceIsNotAcknowledged) {
   bool closed = false;
   // Claims 1000 bytes, sends 10, then closes.
-  const std::string reply =
-      exchange(desc_.rails[0],
-               hello(desc_.secret) + header(FrameType::kWrite, 1, base_, 1000, 1000) + "0123456789",
-               &closed);
+  const std::string reply = exchange(
+      desc_.rails[0],
+      [&](const std::string& c) {
+        return hello(desc_.secret, c) + header(FrameType::kWrite, 1, base_, 1000, 1000) +
+               "0123456789";
+      },
+      &closed);
   std::string refusal;
   EXPECT_EQ(frames_of(reply, &refusal), std::vector<FrameType>{FrameType::kHelloOk});  // no ACK
   EXPECT_TRUE(closed);
@@ -189,7 +247,8 @@ TEST_F(MooncakeSecurity, RandomBytesAreRefused) {
   std::string noise(64 << 10, '\0');
   for (auto& c : noise) c = static_cast<char>(rng());
   bool closed = false;
-  const std::string reply = exchange(desc_.rails[0], noise, &closed);
+  const std::string reply = exchange(
+      desc_.rails[0], [&](const std::string&) { return noise; }, &closed);
   std::string refusal;
   EXPECT_EQ(frames_of(reply, &refusal), std::vector<FrameType>{FrameType::kRefuse});
   EXPECT_NE(refusal.find("not a pdkv mooncake frame"), std::string::npos) << refusal;
@@ -201,14 +260,18 @@ TEST_F(MooncakeSecurity, AnOversizedHelloOrFrameIsRefused) {
   bool closed = false;
   std::string refusal;
   // A HELLO claiming a gigabyte: refused on its header, nothing allocated.
-  std::string reply =
-      exchange(desc_.rails[0], header(FrameType::kHello, 0, 0, 0, 1ull << 30), &closed);
+  std::string reply = exchange(
+      desc_.rails[0],
+      [&](const std::string&) { return header(FrameType::kHello, 0, 0, 0, 1ull << 30); }, &closed);
   EXPECT_EQ(frames_of(reply, &refusal), std::vector<FrameType>{FrameType::kRefuse});
   EXPECT_TRUE(closed);
   // A WRITE claiming more than a slice may carry.
   reply = exchange(
       desc_.rails[0],
-      hello(desc_.secret) + header(FrameType::kWrite, 1, base_, 1ull << 40, 1ull << 40), &closed);
+      [&](const std::string& c) {
+        return hello(desc_.secret, c) + header(FrameType::kWrite, 1, base_, 1ull << 40, 1ull << 40);
+      },
+      &closed);
   EXPECT_EQ(frames_of(reply, &refusal),
             (std::vector<FrameType>{FrameType::kHelloOk, FrameType::kRefuse}));
   EXPECT_NE(refusal.find("malformed WRITE"), std::string::npos) << refusal;

@@ -81,6 +81,40 @@ TEST_P(MoriEngine, TheTargetLearnsThatAWholeTransferLanded) {
 
 // The peer's process is gone before the transfer: it fails, with a reason,
 // within the configured timeout (or is refused at once), never hangs.
+// Keys are drawn at random (64 bits where the provider takes our keys): a
+// peer that knows the engine but not the buffer's descriptor guesses the
+// small integers a counter would have given, and writes nothing.
+TEST_P(MoriEngine, AGuessedKeyDoesNotWrite) {
+  std::vector<char> src(4096, 'x'), dst(1 << 16, 0);  // outlive the engines
+  auto target = IoEngine::create(config("target", GetParam())).value();
+  std::vector<MemoryDesc> theirs;
+  for (int i = 0; i < 4; ++i) {
+    theirs.push_back(target->register_memory(dst.data(), dst.size()).value());
+  }
+  target->release_to_peers();
+  for (const MemoryDesc& d : theirs) {
+    for (uint64_t key : d.keys) EXPECT_GT(key, uint64_t{1} << 20) << "a guessable key";
+  }
+  // A failed write may cost the initiator its connection: one initiator per guess.
+  for (uint64_t guess = 0; guess < 2; ++guess) {
+    auto initiator =
+        IoEngine::create(config("initiator-" + std::to_string(guess), GetParam(), 2s)).value();
+    const MemoryDesc mine = initiator->register_memory(src.data(), src.size()).value();
+    ASSERT_TRUE(initiator->register_remote_engine(target->desc()).is_ok());
+    ASSERT_TRUE(target->register_remote_engine(initiator->desc()).is_ok());
+    MemoryDesc forged = theirs[0];
+    for (auto& key : forged.keys) key = guess;
+    auto session = initiator->create_session(mine, forged);
+    ASSERT_TRUE(session.is_ok()) << session.status().to_string();
+    const TransferId id = initiator->allocate_transfer_id();
+    const std::vector<uint64_t> at = {0}, size = {src.size()};
+    if (!session->batch_write(at, at, size, id).is_ok()) continue;  // refused at once: fine
+    EXPECT_EQ(wait(*initiator, id).state, TransferState::kFailed) << "key " << guess;
+  }
+  target->acquire_inbound_writes();
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](char c) { return c == 0; }));
+}
+
 TEST_P(MoriEngine, ADeadPeerFailsInTime) {
   testing::ChildProcess peer(
       {PDKV_BACKEND_PEER, "mori", std::to_string(1 << 20), "provider=" + GetParam()});

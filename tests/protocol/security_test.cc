@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "bootstrap/client.h"
 #include "engine/routing.h"
@@ -292,6 +295,74 @@ TEST_F(ForgedByAPeer, SuccessReportForBytesNeverWritten) {
   EXPECT_EQ(call_status(status(922, other)).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(rx_->poll(), PollState::kSuccess);
   finish_room(922);
+}
+
+}  // namespace
+}  // namespace pdkv
+
+namespace pdkv {
+namespace {
+
+// A throwaway CA and one node certificate for 127.0.0.1, made with the
+// openssl command (a real CA's tools, not ours), in a fresh directory.
+class Tls : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/pdkv-tls-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    std::ofstream(dir_ + "/san.cnf") << "subjectAltName=IP:127.0.0.1\n";
+    const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+    const std::string script = "cd " + dir_ + " && openssl req -x509 " + key +
+                               " -keyout ca.key -out ca.pem -days 1 -subj /CN=pdkv-test-ca && "
+                               "openssl req " +
+                               key +
+                               " -keyout node.key -out node.csr -subj /CN=node && "
+                               "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key "
+                               "-CAcreateserial -out node.pem -days 1 -extfile san.cnf";
+    ASSERT_EQ(std::system((script + " >/dev/null 2>&1").c_str()), 0) << script;
+    auto loaded = load_security("", dir_ + "/node.pem", dir_ + "/node.key", dir_ + "/ca.pem");
+    ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+    mutual_ = *loaded;
+    mutual_.secret = kSecret;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string dir_;
+  Security mutual_;
+};
+
+TEST_F(Tls, AMutualTlsClusterMovesARoomAndRefusesPlaintextAndStrangers) {
+  ClusterSpec spec;
+  spec.security = mutual_;
+  auto cluster = Cluster::start(spec);
+  ASSERT_NE(cluster, nullptr);
+  const auto pages = first_pages(2, 1);
+  cluster->fill(930, pages, 0, {});
+  auto rx = std::move(cluster->decode[0]->receiver(930, "prefill")).value();
+  auto tx = std::move(cluster->prefill[0]->sender(930, "decode")).value();
+  ASSERT_TRUE(rx->init().is_ok());
+  ASSERT_TRUE(rx->send_metadata(pages).is_ok());
+  ASSERT_TRUE(tx->init(2).is_ok());
+  ASSERT_TRUE(tx->send(pages, true).is_ok());
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kSuccess; }))
+      << rx->failure().to_string();
+  EXPECT_EQ(cluster->verify(930, pages, 0, {}), "");
+
+  auto topology = [&](const Security& s) {
+    return bootstrap::Client(cluster->bootstrap_address(), s).topology("prefill", 0, 2s).status();
+  };
+  EXPECT_TRUE(topology(mutual_).is_ok());
+  // Plaintext to a TLS port, and TLS without a client certificate: no answer.
+  EXPECT_EQ(topology(with_secret(kSecret)).code(), StatusCode::kUnavailable);
+  Security no_client_cert;
+  no_client_cert.secret = kSecret;
+  no_client_cert.tls_ca = mutual_.tls_ca;
+  EXPECT_EQ(bootstrap::Client(cluster->bootstrap_address(), no_client_cert)
+                .topology("prefill", 0, 2s)
+                .status()
+                .code(),
+            StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -17,9 +17,11 @@ import time
 import types
 
 import numpy as np
+import pdkv
 import pytest
 
 from conftest import BACKENDS
+from pdkv import PdkvError
 from pdkv.sglang import (KVArgs, KVBootstrapServer, KVManager, KVPoll, KVReceiver, KVSender,
                          KVTransferError, UnsupportedByPdkv)
 
@@ -191,6 +193,28 @@ def test_a_chunked_request_lands_whole_with_its_aux_row(env, backend):
     bootstrap.close()
 
 
+def test_with_a_secret_file_the_cluster_is_authenticated_and_moves_requests(env, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef0123456789abcdef\n")
+    secret.chmod(0o600)
+    env.setenv("PDKV_SECRET_FILE", str(secret))
+    bootstrap, p_ranks, p_mgrs, addr = serve_prefill(env, total_heads=2, tp=1)
+    d_ranks, d_mgrs = serve_decode(env, total_heads=2, tp=1)
+    src, dst = [4, 6], [9, 1]
+    _, receivers = run_request(p_mgrs, d_mgrs, addr, 11, src, dst, chunks=[2])
+    assert [int(r.poll()) for r in receivers] == [KVPoll.Success]
+    check_pages(p_ranks, d_ranks, 2, src, dst)
+    # A client without the secret gets nothing from this bootstrap service.
+    host, port = addr.rsplit(":", 1)
+    env.delenv("PDKV_SECRET_FILE")
+    with pytest.raises(PdkvError, match="unauthenticated"):
+        pdkv.Engine({"role": "decode", "engine_id": "outsider", "backend": "mooncake",
+                     "bootstrap_address": f"{host}:{port}", "kv_heads": 2, "head_dim": 4,
+                     "dtype_bytes": 2, "page_size": 4, "num_layers": 2, "num_pages": 4,
+                     "timeout_bootstrap_ms": 2000})
+    bootstrap.close()
+
+
 @pytest.mark.parametrize("p_tp,d_tp,heads", [(2, 4, 8), (4, 2, 8), (1, 4, 2)])
 def test_heterogeneous_tp_sends_each_decode_rank_its_heads(env, p_tp, d_tp, heads):
     bootstrap, p_ranks, p_mgrs, addr = serve_prefill(env, heads, p_tp)
@@ -291,7 +315,7 @@ def test_a_decode_abort_fails_the_prefill_with_a_kv_transfer_error(env):
     bootstrap.close()
 
 
-def test_what_the_adapter_cannot_do_is_refused_by_name(env):
+def test_what_the_adapter_cannot_do_is_refused_by_name(env, tmp_path):
     rank = Rank(2, 1, 0, 1)
     with pytest.raises(UnsupportedByPdkv, match="enable_dp_attention"):
         KVManager(rank.args, "decode", server_args(1, enable_dp_attention=True))
@@ -305,10 +329,13 @@ def test_what_the_adapter_cannot_do_is_refused_by_name(env):
     rank.args.state_types = []
     with pytest.raises(ValueError, match="neither prefill nor decode"):
         KVManager(rank.args, "null", server_args(1))
-    env.setenv("PDKV_SECRET", "s3cret")
-    with pytest.raises(UnsupportedByPdkv, match="PDKV_SECRET"):
+    loose = tmp_path / "secret"
+    loose.write_text("a-secret-of-more-than-16-bytes\n")
+    loose.chmod(0o644)
+    env.setenv("PDKV_SECRET_FILE", str(loose))
+    with pytest.raises(PdkvError, match=f"secret file '{loose}' is open to other users"):
         KVManager(rank.args, "decode", server_args(1))
-    env.delenv("PDKV_SECRET")
+    env.delenv("PDKV_SECRET_FILE")
     rank.args.kv_head_num = 2
     with pytest.raises(ValueError, match="kv_head_num=2"):
         KVManager(rank.args, "decode", server_args(1, tp_size=2))

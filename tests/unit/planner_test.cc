@@ -14,6 +14,7 @@
 
 #include "pdkv/plan.h"
 #include "support/kv_oracle.h"
+#include "support/plan_copy.h"
 
 namespace pdkv {
 namespace {
@@ -116,31 +117,15 @@ TEST_P(PlannerByteExact, EveryDecodeByteIsRight) {
       Rank& dst = decode[ls.dst_rank * c.decode.tp + hs.dst_rank];
       auto plan = planner.plan(src.shard, dst.shard, {hs, ls}, src_pages, dst_pages);
       ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
-      if (c.staging) {
-        std::vector<std::span<const std::byte>> in(src.buffers.begin(), src.buffers.end());
-        std::vector<std::span<std::byte>> out(dst.buffers.begin(), dst.buffers.end());
-        std::vector<std::byte> staging(plan->bytes());
-        ASSERT_TRUE(gather(*plan, in, staging).is_ok());
-        ASSERT_TRUE(scatter(*plan, staging, out).is_ok());
-      } else {
-        plan->for_each([&](const Fragment& f) {
-          std::memcpy(dst.buffers[f.dst_buffer].data() + f.dst_offset,
-                      src.buffers[f.src_buffer].data() + f.src_offset, f.length);
-        });
-      }
+      ASSERT_TRUE(testing::copy_plan(*plan, src.buffers, dst.buffers, c.staging).is_ok());
     }
   }
 
   for (uint32_t id = 0; id < decode.size(); ++id) {
     const Rank& r = decode[id];
-    // Expected image: untouched everywhere, element values in request pages.
-    std::vector<std::vector<uint8_t>> expected(r.buffers.size());
-    for (uint32_t b = 0; b < r.buffers.size(); ++b) {
-      expected[b].resize(r.buffers[b].size());
-      for (uint64_t o = 0; o < expected[b].size(); ++o) expected[b][o] = untouched_byte(id, b, o);
-    }
-    for_each_element(r, dst_pages,
-                     [&](uint32_t buf, uint64_t off, uint8_t v) { expected[buf][off] = v; });
+    std::vector<size_t> sizes;
+    for (const auto& b : r.buffers) sizes.push_back(b.size());
+    const auto expected = testing::expected_image(id, r.shard, sizes, dst_pages);
     for (uint32_t b = 0; b < r.buffers.size(); ++b) {
       for (uint64_t o = 0; o < expected[b].size(); ++o) {
         ASSERT_EQ(std::to_integer<uint8_t>(r.buffers[b][o]), expected[b][o])

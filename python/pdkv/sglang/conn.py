@@ -99,6 +99,8 @@ class KVManager:
             self._config["transport_options"] = env["transport_options"]
         if env["staging_bytes"]:
             self._config["staging_bytes"] = env["staging_bytes"]
+        self._config.update(settings.security())
+        pdkv.check_config(self._config)  # a bad setting is named now, not at the first request
         self._control_host = env["control_host"]
         self._pools = self._pools_from(args, aux_ptrs, env["kv_memory"])
         self._engines = {}  # bootstrap address -> Engine (decode: one per prefill server)
@@ -355,7 +357,7 @@ class KVBootstrapServer:
 
     def __init__(self, host, port):
         self.host, self.port = host, port
-        self._server = pdkv.BootstrapServer(host, port)
+        self._server = pdkv.BootstrapServer(host, port, security=settings.security())
 
     def close(self):
         self._server.close()

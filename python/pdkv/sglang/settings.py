@@ -12,7 +12,8 @@ come from the environment (docs/integration.md):
   PDKV_ENGINE_ID          this server's engine id (default: derived, see engine_id)
   PDKV_CONTROL_HOST       where peers reach this rank (default: the address
                           that routes to the bootstrap host)
-  PDKV_SECRET             refused until pdkv authenticates its planes
+  PDKV_SECRET_FILE        the cluster secret (docs/security.md); unset: none
+  PDKV_TLS_CERT, PDKV_TLS_KEY, PDKV_TLS_CA  gRPC over TLS (mutual with a CA)
 
 What the adapter cannot do yet is refused with an UnsupportedByPdkv error
 naming the field, never ignored.
@@ -22,7 +23,10 @@ import os
 import socket
 
 ENV_VARS = ("PDKV_TRANSPORT", "PDKV_TRANSPORT_OPTIONS", "PDKV_KV_MEMORY", "PDKV_STAGING_BYTES",
-            "PDKV_ENGINE_ID", "PDKV_CONTROL_HOST", "PDKV_SECRET")
+            "PDKV_ENGINE_ID", "PDKV_CONTROL_HOST", "PDKV_SECRET_FILE", "PDKV_TLS_CERT",
+            "PDKV_TLS_KEY", "PDKV_TLS_CA")
+SECURITY_VARS = {"PDKV_SECRET_FILE": "secret_file", "PDKV_TLS_CERT": "tls_cert",
+                 "PDKV_TLS_KEY": "tls_key", "PDKV_TLS_CA": "tls_ca"}
 SERVER_ARGS = ("tp_size", "dp_size", "pp_size", "enable_dp_attention",
                "disaggregation_bootstrap_port", "disaggregation_ib_device", "host",
                "dist_init_addr", "page_size")
@@ -65,10 +69,12 @@ def server_settings(server_args):
     return values
 
 
+def security():
+    """The pdkv_config keys of the security variables that are set."""
+    return {key: os.environ[var] for var, key in SECURITY_VARS.items() if os.environ.get(var)}
+
+
 def environment():
-    if os.environ.get("PDKV_SECRET"):
-        raise UnsupportedByPdkv("PDKV_SECRET is set, but this pdkv does not authenticate its "
-                                "control and data planes yet: unset it, or upgrade")
     memory = os.environ.get("PDKV_KV_MEMORY", "cuda")
     if memory not in ("host", "cuda", "hip"):
         raise ValueError(f"PDKV_KV_MEMORY={memory!r}: expected host, cuda or hip")
