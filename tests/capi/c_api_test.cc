@@ -2,6 +2,7 @@
 // alone: refusals that name what was wrong, the configuration keys, many-room
 // polling and the change list, and handles that outlive their engine.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -102,6 +103,35 @@ TEST(CApiRefusals, ConfigurationNamesTheUnknownKeyAndTheBadValue) {
   EXPECT_EQ(pdkv_config_set(config.get(), "timeout_connect_ms", "0"), PDKV_INVALID_ARGUMENT);
   EXPECT_EQ(pdkv_config_set(config.get(), "faults", "fail_batch=2"), PDKV_INVALID_ARGUMENT);
   EXPECT_EQ(pdkv_config_set(config.get(), "tp_size", "4294967296"), PDKV_INVALID_ARGUMENT);
+  EXPECT_EQ(pdkv_config_set(config.get(), "secret_file", "/nonexistent/secret"),
+            PDKV_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(),
+            "pdkv_config_set: secret file '/nonexistent/secret': No such file or directory");
+  EXPECT_EQ(pdkv_config_set(config.get(), "tls_ca", "/nonexistent/ca.pem"), PDKV_INVALID_ARGUMENT);
+}
+
+// A bootstrap service started with a secret serves only calls signed with it:
+// an engine without the secret is refused at registration.
+TEST(CApiSecurity, ASecuredBootstrapRefusesAnEngineWithoutTheSecret) {
+  char path[] = "/tmp/pdkv-capi-secret-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string secret = "a-cluster-secret-of-32-bytes....\n";
+  ASSERT_EQ(write(fd, secret.data(), secret.size()), static_cast<ssize_t>(secret.size()));
+  close(fd);
+  Config with = config_for("prefill", "p", "127.0.0.1:1");
+  ASSERT_EQ(pdkv_config_set(with.get(), "secret_file", path), PDKV_OK) << last_error();
+  pdkv_bootstrap_server* server = nullptr;
+  ASSERT_EQ(pdkv_bootstrap_server_start_secured("127.0.0.1:0", with.get(), &server), PDKV_OK)
+      << last_error();
+  int32_t port = 0;
+  ASSERT_EQ(pdkv_bootstrap_server_port(server, &port), PDKV_OK);
+  Config without = config_for("prefill", "p", "127.0.0.1:" + std::to_string(port));
+  pdkv_engine* engine = nullptr;
+  EXPECT_EQ(pdkv_engine_create(without.get(), nullptr, &engine), PDKV_UNAUTHENTICATED);
+  EXPECT_NE(last_error().find("carries no credentials"), std::string::npos) << last_error();
+  pdkv_bootstrap_server_destroy(server);
+  unlink(path);
 }
 
 TEST_F(CApi, AnEngineRefusedAtCreationSaysWhy) {

@@ -133,6 +133,27 @@ TEST(BootstrapRegistry, PipelineStagesMustCoverTheLayers) {
   EXPECT_EQ(reg.topology("prefill-a", 0).value().size(), 2u);
 }
 
+TEST(Registry, EnginesAndTheirSizesAreBounded) {
+  Limits limits;
+  limits.engines = 1;
+  limits.ranks_per_engine = 4;
+  bootstrap::Registry reg(limits);
+  ASSERT_TRUE(reg.register_rank(rank(0, 4)).is_ok());
+  const Status big = reg.register_rank(rank(0, 8)).status();
+  EXPECT_EQ(big.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(big.message(),
+            "prefill-a dp 0 tp 0 pp 0: an engine of 8 ranks (tp 8 x pp 1 x dp 1) is more than 4 "
+            "(Limits::ranks_per_engine)");
+  auto other = rank(0, 1);
+  other.set_engine_id("prefill-b");
+  const Status more = reg.register_rank(other).status();
+  EXPECT_EQ(more.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(more.message(),
+            "prefill-b dp 0 tp 0 pp 0: 1 engines (and dp ranks) are registered already "
+            "(Limits::engines)");
+  EXPECT_TRUE(reg.register_rank(rank(1, 4)).is_ok());  // the known engine still registers
+}
+
 class BootstrapOverGrpc : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -1,0 +1,136 @@
+// What a caller can make a rank hold is bounded, and a call beyond a bound
+// is refused naming it (issue 17, point 3). Limits are set small here; the
+// expected texts are written by hand.
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "bootstrap/client.h"
+#include "engine/routing.h"
+#include "pdkv.grpc.pb.h"
+#include "support/cluster.h"
+
+namespace pdkv {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Cluster;
+using testing::ClusterSpec;
+using testing::first_pages;
+
+class Bounds : public ::testing::Test {
+ protected:
+  virtual Limits limits() const {
+    Limits l;
+    l.page_list = 4;
+    l.early_rooms = 2;
+    l.watches_per_peer = 1;
+    return l;
+  }
+  void SetUp() override {
+    ClusterSpec spec;
+    spec.limits = limits();
+    spec.timeouts.bootstrap = 3s;
+    cluster_ = Cluster::start(spec);
+    ASSERT_NE(cluster_, nullptr);
+    bootstrap::Client client(cluster_->bootstrap_address(), Security{});
+    decode_ = client.topology("decode", 0, 2s).value().at(0);
+    prefill_ = client.topology("prefill", 0, 2s).value().at(0);
+    stub_ = proto::Control::NewStub(
+        grpc::CreateChannel(prefill_.control_address(), grpc::InsecureChannelCredentials()));
+  }
+
+  grpc::Status send_info(RoomId room, uint64_t pages, const std::string& engine = "decode") {
+    proto::TransferInfo info;
+    info.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+    info.set_room(room);
+    *info.mutable_decode() = engine::ref_of(decode_);
+    info.mutable_decode()->set_engine_id(engine);
+    const auto list = first_pages(pages);
+    info.mutable_dst_pages()->Add(list.begin(), list.end());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    proto::ControlReply reply;
+    return stub_->SendTransferInfo(&ctx, info, &reply);
+  }
+
+  std::unique_ptr<Cluster> cluster_;
+  proto::RankInfo decode_, prefill_;
+  std::unique_ptr<proto::Control::Stub> stub_;
+};
+
+TEST_F(Bounds, ALongerPageListIsRefused) {
+  const grpc::Status s = send_info(1, 5);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(s.error_message(),
+            "room 1: decode dp 0 tp 0 pp 0 lists 5 pages, more than 4 (Limits::page_list)");
+}
+
+TEST_F(Bounds, RoomsOpenedByEarlyMessagesAreBounded) {
+  EXPECT_TRUE(send_info(1, 2).ok());
+  EXPECT_TRUE(send_info(2, 2).ok());
+  const grpc::Status third = send_info(3, 2);
+  EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(third.error_message(),
+            "room 3: 2 rooms known only from early messages are open on prefill dp 0 tp 0 pp 0 "
+            "already (Limits::early_rooms)");
+  // A Sender's own room is not an early one.
+  auto tx = cluster_->prefill[0]->sender(4, "decode");
+  EXPECT_TRUE(tx.is_ok());
+}
+
+class LookupBounds : public Bounds {
+ protected:
+  Limits limits() const override {
+    Limits l;
+    l.pending_lookups = 1;
+    return l;
+  }
+};
+
+TEST_F(LookupBounds, LookupsOfUnknownEnginesAreBounded) {
+  // The first waits for an engine nobody registered (until the bootstrap
+  // timeout); while it waits, a second unknown engine is not looked up.
+  auto first = std::async(std::launch::async, [&] { return send_info(1, 2, "ghost-1"); });
+  const grpc::Status second = [&] {
+    grpc::Status s;
+    for (int i = 0; i < 200; ++i) {  // until the first lookup is counted
+      s = send_info(2 + i, 2, "ghost-2");
+      if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    }
+    return s;
+  }();
+  EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(second.error_message().find("lookups are waiting already (Limits::pending_lookups)"),
+            std::string::npos)
+      << second.error_message();
+  EXPECT_EQ(first.get().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+}
+
+TEST_F(Bounds, WatchStreamsPerPeerAreBounded) {
+  auto open = [&](grpc::ClientContext& ctx) {
+    auto stream = stub_->Watch(&ctx);
+    proto::Heartbeat hello;
+    hello.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+    hello.mutable_from()->set_engine_id("watcher");
+    stream->Write(hello);
+    return stream;
+  };
+  grpc::ClientContext first_ctx, second_ctx;
+  auto first = open(first_ctx);
+  first->WaitForInitialMetadata();  // the server holds the stream (and counted it)
+  auto second = open(second_ctx);
+  second->WritesDone();
+  proto::Heartbeat in;
+  while (second->Read(&in)) {
+  }
+  const grpc::Status refused = second->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused.error_message(),
+            "'watcher' dp 0 tp 0 pp 0 holds 1 Watch streams here already "
+            "(Limits::watches_per_peer)");
+  first_ctx.TryCancel();
+}
+
+}  // namespace
+}  // namespace pdkv
