@@ -42,8 +42,8 @@ build: deps
 # tests/fuzz: clang-14 with libFuzzer, ASan and UBSan; only the fuzz targets.
 FUZZ_RUNS ?= 1000000
 fuzz-build: deps
-	CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release \
-	  -DCMAKE_CXX_FLAGS=-g0 -DPDKV_SANITIZE=fuzzer -DBUILD_TESTING=OFF -DPDKV_WITH_CUDA=OFF \
+	CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Fuzz \
+	  -DCMAKE_CXX_FLAGS_FUZZ="-O1 -g0" -DPDKV_SANITIZE=fuzzer -DBUILD_TESTING=OFF -DPDKV_WITH_CUDA=OFF \
 	  -DPDKV_WITH_HIP=OFF -DPDKV_WERROR=ON >/dev/null
 	cmake --build build-fuzz -j $(JOBS) --target pdkv_fuzz
 
