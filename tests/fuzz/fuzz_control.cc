@@ -105,7 +105,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const char* bytes = reinterpret_cast<const char*>(data + 2);
   const int length = static_cast<int>(size - 2);
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  // Some answers wait (an abort for writes to end, early metadata for a
+  // lookup): the fuzzer moves on after a moment, the engine still answers.
+  ctx.set_deadline(std::chrono::system_clock::now() + 100ms);
   proto::ControlReply reply;
   if (op == 0) {
     proto::TransferInfo info;
