@@ -29,8 +29,8 @@ for t in "${targets[@]}"; do
     "$exe" "${limit[@]}" -print_final_stats=1 -artifact_prefix="$findings/" -rss_limit_mb=4096 \
     -timeout=30 "$corpus" "$root/tests/fuzz/corpus/$t" >"$log" 2>&1
   rc=$?
-  runs=$(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
+  runs=$(grep -a -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
+  cov=$(grep -a -o 'cov: [0-9]*' "$log" | tail -1)
   found=$(find "$findings" -type f | wc -l)
   echo "fuzz $t: ${runs:-?} executions, ${cov:-cov: ?}, $found findings (exit $rc)"
   if [[ $rc -ne 0 ]]; then
