@@ -48,6 +48,10 @@ Target& target() {
 void exchange(const Target& t, const std::string& bytes, bool with_hello) {
   const SocketAddress a = parse_address(t.desc.rails.at(0), true).value();
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  // Reset at close: hundreds of thousands of connections must not use up
+  // the host's ports in TIME_WAIT.
+  linger reset{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
   if (::connect(fd, a.get(), a.length) != 0) __builtin_trap();  // the target is gone
   timeval timeout{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
