@@ -90,27 +90,30 @@ pdkv_status pdkv_config_set(pdkv_config* config, const char* key, const char* va
   });
 }
 
+namespace {
+
+// Both ways of starting the service: plain, or as a configuration's security says.
+Status start_bootstrap(const char* address, const pdkv::Security& security,
+                       const pdkv::Limits& limits, pdkv_bootstrap_server** out) {
+  PDKV_RETURN_IF_ERROR(require(address, "address"));
+  PDKV_RETURN_IF_ERROR(require(out, "out"));
+  PDKV_ASSIGN_OR_RETURN(auto server, pdkv::BootstrapServer::start(address, security, limits));
+  *out = new pdkv_bootstrap_server{std::move(server)};
+  return Status::ok();
+}
+
+}  // namespace
+
 pdkv_status pdkv_bootstrap_server_start(const char* address, pdkv_bootstrap_server** out) {
-  return c_call(__func__, [&] {
-    PDKV_RETURN_IF_ERROR(require(address, "address"));
-    PDKV_RETURN_IF_ERROR(require(out, "out"));
-    PDKV_ASSIGN_OR_RETURN(auto server, pdkv::BootstrapServer::start(address));
-    *out = new pdkv_bootstrap_server{std::move(server)};
-    return Status::ok();
-  });
+  return c_call(__func__, [&] { return start_bootstrap(address, {}, {}, out); });
 }
 
 pdkv_status pdkv_bootstrap_server_start_secured(const char* address, const pdkv_config* config,
                                                 pdkv_bootstrap_server** out) {
   return c_call(__func__, [&] {
-    PDKV_RETURN_IF_ERROR(require(address, "address"));
+    PDKV_RETURN_IF_ERROR(require(address, "address"));  // named first, as before
     PDKV_RETURN_IF_ERROR(require(config, "config"));
-    PDKV_RETURN_IF_ERROR(require(out, "out"));
-    PDKV_ASSIGN_OR_RETURN(
-        auto server,
-        pdkv::BootstrapServer::start(address, config->config.security, config->config.limits));
-    *out = new pdkv_bootstrap_server{std::move(server)};
-    return Status::ok();
+    return start_bootstrap(address, config->config.security, config->config.limits, out);
   });
 }
 
