@@ -201,6 +201,9 @@ class Inbound final : public EventLoop::Handler {
   Status on_frame(const wire::FrameHeader& h, std::string& kept);
   void refuse(const Status& reason);
   void close();
+  // Sends what is queued; then closes (`then_close`, or on a send error) or
+  // watches for room to send the rest.
+  void send_queued(bool then_close);
 
  public:
   // Sends CHALLENGE; called once the loop watches the connection.

@@ -68,9 +68,17 @@ void Inbound::start() {
   if (!nonce.is_ok()) return refuse(nonce.status());
   nonce_ = std::move(*nonce);
   writer_.push_owned(wire::frame(wire::FrameType::kChallenge, 0, 0, 0, nonce_.size()), nonce_);
-  uint64_t bytes;
-  int error_number;
-  if (writer_.flush(fd_, bytes, error_number) == IoOutcome::kError) return close();
+  send_queued(false);
+}
+
+void Inbound::send_queued(bool then_close) {
+  uint64_t bytes = 0;
+  int error_number = 0;
+  if (writer_.flush(fd_, bytes, error_number) == IoOutcome::kError) {
+    logger("mooncake")->debug("connection from {}: send: {}", from_, std::strerror(error_number));
+    return close();
+  }
+  if (then_close) return close();
   loop_.loop.modify(fd_, EPOLLIN | (writer_.empty() ? 0u : uint32_t{EPOLLOUT}), this);
 }
 
@@ -138,14 +146,7 @@ void Inbound::on_events(uint32_t events) {
     writer_.push_owned(wire::frame(wire::FrameType::kAck, last_applied_, 0, 0, 0), {});
     ack_due_ = false;
   }
-  uint64_t bytes = 0;
-  int error_number = 0;
-  if (writer_.flush(fd_, bytes, error_number) == IoOutcome::kError) {
-    logger("mooncake")->debug("connection from {}: send: {}", from_, std::strerror(error_number));
-    return close();
-  }
-  if (closed) return close();
-  loop_.loop.modify(fd_, EPOLLIN | (writer_.empty() ? 0u : uint32_t{EPOLLOUT}), this);
+  send_queued(closed);
 }
 
 Status Inbound::on_header(const wire::FrameHeader& h, PayloadSink& sink) {
