@@ -133,12 +133,16 @@ void DecodeSide::on_deadline(RoomId id) {
     if (s.reported) continue;
     missing += (missing.empty() ? "" : ", ") + describe(s.rank);
   }
-  fail(*room, Status::deadline_exceeded(
-                  room->bound ? fmt::format("room {}: [{}] did not report within {} ms", id,
-                                            missing, ctx_.config.timeouts.waiting_for_data.count())
-                              : fmt::format("room {}: prefill engine '{}' not found within {} ms",
-                                            id, room->engine.first,
-                                            ctx_.config.timeouts.waiting_for_data.count())));
+  const auto waited = ctx_.config.timeouts.waiting_for_data.count();
+  if (room->bound) {
+    return fail(*room, Status::deadline_exceeded(fmt::format(
+                           "room {}: [{}] did not report within {} ms", id, missing, waited)));
+  }
+  const std::string last = ctx_.lookups.last_answer(room->engine);
+  fail(*room,
+       Status::deadline_exceeded(fmt::format(
+           "room {}: prefill engine '{}' not found within {} ms{}", id, room->engine.first, waited,
+           last.empty() ? "" : " (the bootstrap service's last answer: " + last + ")")));
 }
 
 void DecodeSide::on_room_status(const proto::RoomStatus& status, AnswerPtr answer) {

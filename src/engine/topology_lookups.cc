@@ -52,21 +52,23 @@ std::optional<const PeerEngine*> TopologyLookups::want(const EngineKey& engine, 
 void TopologyLookups::start(const EngineKey& engine) {
   const auto deadline = Clock::now() + self_.timeouts.bootstrap;
   lookups_[engine].deadline = deadline;
-  fetch(engine, deadline, [this, engine, deadline](Result<std::vector<proto::RankInfo>> theirs) {
-    if (!theirs.is_ok()) return finish(engine, theirs.status());
-    if (own_) return finish(engine, link_up(engine, std::move(theirs).value()));
-    const EngineKey mine{self_.engine_id, self_.dp_rank};
-    fetch(mine, deadline,
-          [this, engine,
-           theirs = std::move(theirs).value()](Result<std::vector<proto::RankInfo>> ours) mutable {
-            if (!ours.is_ok()) return finish(engine, ours.status());
-            own_ = Topology{std::move(ours).value()};
-            finish(engine, link_up(engine, std::move(theirs)));
-          });
-  });
+  fetch(engine, engine, deadline,
+        [this, engine, deadline](Result<std::vector<proto::RankInfo>> theirs) {
+          if (!theirs.is_ok()) return finish(engine, theirs.status());
+          if (own_) return finish(engine, link_up(engine, std::move(theirs).value()));
+          const EngineKey mine{self_.engine_id, self_.dp_rank};
+          fetch(engine, mine, deadline,
+                [this, engine, theirs = std::move(theirs).value()](
+                    Result<std::vector<proto::RankInfo>> ours) mutable {
+                  if (!ours.is_ok()) return finish(engine, ours.status());
+                  own_ = Topology{std::move(ours).value()};
+                  finish(engine, link_up(engine, std::move(theirs)));
+                });
+        });
 }
 
-void TopologyLookups::fetch(const EngineKey& engine, Clock::time_point deadline, Fetched done,
+void TopologyLookups::fetch(const EngineKey& wanted, const EngineKey& engine,
+                            Clock::time_point deadline, Fetched done,
                             std::chrono::milliseconds backoff, Status last) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   if (stopped_) return done(Status::aborted("topology lookup cancelled: shutting down"));
@@ -86,17 +88,20 @@ void TopologyLookups::fetch(const EngineKey& engine, Clock::time_point deadline,
       [&stub](auto* ctx, auto* req, auto* rep, auto cb) {
         stub.async()->GetTopology(ctx, req, rep, std::move(cb));
       },
-      [this, engine, deadline, done = std::move(done), backoff](
+      [this, wanted, engine, deadline, done = std::move(done), backoff](
           const grpc::Status& s, const proto::TopologyReply& reply) mutable {
         if (s.ok()) {
           return done(std::vector<proto::RankInfo>(reply.ranks().begin(), reply.ranks().end()));
         }
         Status why = from_grpc(s, fmt::format("bootstrap {} GetTopology", bootstrap_.address()));
         if (!worth_retrying(why) || stopped_) return done(why);
+        if (auto it = lookups_.find(wanted); it != lookups_.end()) {
+          it->second.last_answer = why.message();
+        }
         // Retry pacing, on a timer: the loop goes on meanwhile.
-        loop_.after(backoff, [this, engine, deadline, done = std::move(done), backoff,
+        loop_.after(backoff, [this, wanted, engine, deadline, done = std::move(done), backoff,
                               why = std::move(why)]() mutable {
-          fetch(engine, deadline, std::move(done), std::min(backoff * 2, kMaxBackoff),
+          fetch(wanted, engine, deadline, std::move(done), std::min(backoff * 2, kMaxBackoff),
                 std::move(why));
         });
       });
@@ -154,5 +159,10 @@ void TopologyLookups::forget_peer(const std::string& peer_key) {
 }
 
 void TopologyLookups::stop() { stopped_ = true; }
+
+std::string TopologyLookups::last_answer(const EngineKey& engine) const {
+  const auto it = lookups_.find(engine);
+  return it == lookups_.end() || it->second.ready ? "" : it->second.last_answer;
+}
 
 }  // namespace pdkv::engine

@@ -47,6 +47,9 @@ class TopologyLookups {
   void forget_peer(const std::string& peer_key);
   // Ends the lookups in flight: their waiters hear "shutting down".
   void stop();
+  // For a lookup still in flight, the bootstrap service's last failed answer
+  // ("" when there is none yet): what a room that gives up waiting reports.
+  std::string last_answer(const EngineKey& engine) const;
 
  private:
   struct Lookup {
@@ -54,13 +57,16 @@ class TopologyLookups {
     PeerEngine engine;
     std::vector<Done> waiting;
     Clock::time_point deadline;
+    std::string last_answer;  // the latest failed attempt, for diagnosis
   };
   using Fetched = std::function<void(Result<std::vector<proto::RankInfo>>)>;
 
   void start(const EngineKey& engine);
-  // One engine's ranks, retried until `deadline`.
-  void fetch(const EngineKey& engine, Clock::time_point deadline, Fetched done,
-             std::chrono::milliseconds backoff = std::chrono::milliseconds(10), Status last = {});
+  // One engine's ranks (`engine`, on behalf of the lookup of `wanted`),
+  // retried until `deadline`.
+  void fetch(const EngineKey& wanted, const EngineKey& engine, Clock::time_point deadline,
+             Fetched done, std::chrono::milliseconds backoff = std::chrono::milliseconds(10),
+             Status last = {});
   Result<PeerEngine> link_up(const EngineKey& engine, std::vector<proto::RankInfo> theirs) const;
   void finish(const EngineKey& engine, Result<PeerEngine> result);
 

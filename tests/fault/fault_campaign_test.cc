@@ -169,15 +169,25 @@ class Trial {
   }
 
   // Until prefill rank 0 has finished `n` requests (it prints a line each).
+  // One limit for the whole wait, start-up included: on a loaded machine the
+  // first line may take seconds (every process of the trial starting at
+  // once), and a stall later shows as rooms failed before the fault.
   void await_progress(uint64_t n) {
-    const auto end = std::chrono::steady_clock::now() + 60s;
+    const auto start = std::chrono::steady_clock::now(), end = start + 60s;
+    std::string last = "(none)";
     while (std::chrono::steady_clock::now() < end) {
-      const std::string line = prefill_[0]->read_line(5s);
+      const std::string line =
+          prefill_[0]->read_line(std::chrono::duration_cast<std::chrono::milliseconds>(
+              end - std::chrono::steady_clock::now()));
       unsigned long long done = 0;
       if (std::sscanf(line.c_str(), "progress %llu", &done) == 1 && done >= n) return;
       if (line.empty()) break;
+      last = line;
     }
-    FAIL() << "prefill rank 0 did not reach " << n << " requests";
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start);
+    FAIL() << "prefill rank 0 did not reach " << n << " requests in " << waited.count()
+           << " ms; its last line: " << last;
   }
 
   void inject();

@@ -157,6 +157,29 @@ TEST(Timeout, Bootstrap) {
       << rx->failure().message();
 }
 
+TEST(Timeout, DataBeforeBootstrapSaysWhatTheServiceLastAnswered) {
+  // The room gives up first (data timeout) while the lookup still retries:
+  // its reason carries the bootstrap service's latest refusal.
+  ClusterSpec spec = shape(8, 1, 1);
+  spec.timeouts.bootstrap = 30s;
+  spec.timeouts.waiting_for_data = 300ms;
+  auto c = Cluster::start(spec);
+  ASSERT_NE(c, nullptr);
+  auto rx = std::move(c->decode[0]->receiver(9, "no-such-engine")).value();
+  ASSERT_TRUE(rx->init().is_ok());
+  ASSERT_TRUE(rx->send_metadata(first_pages(2)).is_ok());  // the data timeout runs from here
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kFailed; }, 5s));
+  EXPECT_EQ(rx->failure().code(), StatusCode::kDeadlineExceeded);
+  const std::string expected =
+      "room 9: prefill engine 'no-such-engine' not found within 300 ms (the bootstrap "
+      "service's last answer: bootstrap ";
+  EXPECT_EQ(rx->failure().message().substr(0, expected.size()), expected)
+      << rx->failure().message();
+  EXPECT_NE(rx->failure().message().find("no rank of engine 'no-such-engine' dp 0 has registered)"),
+            std::string::npos)
+      << rx->failure().message();
+}
+
 TEST(Timeout, TransferNeverVisible) {
   ClusterSpec spec = shape(8, 1, 1);
   spec.timeouts.transfer = 300ms;
