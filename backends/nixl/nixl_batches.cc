@@ -91,7 +91,12 @@ void NixlTransport::start_batch(BatchId id, std::vector<WriteOp> ops, Direction 
   }
   Wire& wire = w->second;
   auto pending = std::make_unique<Pending>(this, id);
-  ucp_request_param_t none{};
+  // Each op's completion only counts (puts_done_, a drain's sign of
+  // progress); the flush below is what ends the batch.
+  ucp_request_param_t counted{};
+  counted.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  counted.cb.send = &NixlTransport::on_op_done;
+  counted.user_data = this;
   for (const WriteOp& op : ops) {
     // regions_ grows only on this thread: read without mu_.
     const LocalRegion& local = regions_[op.local_region];
@@ -100,8 +105,8 @@ void NixlTransport::start_batch(BatchId id, std::vector<WriteOp> ops, Direction 
     const uint64_t address = remote.base + op.remote_offset;
     ucs_status_ptr_t req =
         direction == Direction::kWrite
-            ? ucp_put_nbx(wire.ep, buffer, op.length, address, remote.rkey, &none)
-            : ucp_get_nbx(wire.ep, buffer, op.length, address, remote.rkey, &none);
+            ? ucp_put_nbx(wire.ep, buffer, op.length, address, remote.rkey, &counted)
+            : ucp_get_nbx(wire.ep, buffer, op.length, address, remote.rkey, &counted);
     if (UCS_PTR_IS_ERR(req)) {
       // The ops already posted may still move: the flush below settles them
       // before the batch is reported failed.
@@ -109,8 +114,7 @@ void NixlTransport::start_batch(BatchId id, std::vector<WriteOp> ops, Direction 
                                  UCS_PTR_STATUS(req));
       break;
     }
-    // The flush below covers every put's (and get's) completion: no callback per op.
-    if (req != nullptr) ucp_request_free(req);
+    if (req == nullptr) ++puts_done_;  // done at once: no callback comes (UCX frees it then)
   }
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -203,10 +207,14 @@ void NixlTransport::peer_failed(PeerId id, const Status& reason) {
 
 void NixlTransport::start_drain(Closing& closing) {
   closing.stage = Closing::Stage::kDraining;
-  closing.give_up = std::chrono::steady_clock::now() + kDrainLimit;
+  const auto now = std::chrono::steady_clock::now();
+  closing.give_up = now + kDrainLimit;
+  closing.drain_cap = now + kDrainCap;
+  closing.puts_seen = puts_done_;
   ucp_request_param_t param{};
   ucs_status_ptr_t req = ucp_ep_flush_nbx(closing.wire.ep, &param);
   closing.request = UCS_PTR_IS_PTR(req) ? req : nullptr;
+  closing.flush_failed = UCS_PTR_IS_ERR(req);
 }
 
 void NixlTransport::start_close(Closing& closing) {
@@ -234,7 +242,7 @@ void NixlTransport::finish_closes(bool all) {
   const auto now = std::chrono::steady_clock::now();
   for (auto it = closing_.begin(); it != closing_.end();) {
     Closing& c = *it;
-    const bool done = c.request == nullptr || ucp_request_check_status(c.request) != UCS_INPROGRESS;
+    const bool done = !stage_in_progress(c);
     if (!done && !all && now < c.give_up) {
       ++it;
       continue;
@@ -256,9 +264,10 @@ void NixlTransport::finish_closes(bool all) {
       // until the worker does.
       for (auto& r : c.wire.regions) abandoned_rkeys_.push_back(std::exchange(r.rkey, nullptr));
       abandoned_args_.push_back(std::move(c.wire.error_arg));
-      reason =
-          reason.with_context(fmt::format("UCX did not drain and close the endpoint within {} ms",
-                                          (kDrainLimit + kCloseLimit).count()));
+      reason = reason.with_context(fmt::format(
+          "UCX did not drain and close the endpoint in time ({} ms without progress, or {} "
+          "ms in all, then {} ms to close)",
+          kDrainLimit.count(), kDrainCap.count(), kCloseLimit.count()));
       logger("nixl")->warn("peer {}: {}", c.peer, reason.message());
     }
     for (BatchId b : c.batches) {
@@ -269,12 +278,52 @@ void NixlTransport::finish_closes(bool all) {
   }
 }
 
+bool NixlTransport::stage_in_progress(Closing& c) const {
+  if (c.stage == Closing::Stage::kDraining && !c.wire.messages && puts_done_ != c.puts_seen) {
+    // The put path shows progress only worker-wide: any op completed since
+    // (a frozen peer's puts complete too where the sender copies, as
+    // shared memory does; over a network it stops acknowledging them).
+    c.puts_seen = puts_done_;
+    c.give_up = std::min(std::chrono::steady_clock::now() + kDrainLimit, c.drain_cap);
+  }
+  if (c.request != nullptr) {
+    const ucs_status_t status = ucp_request_check_status(c.request);
+    if (status == UCS_INPROGRESS) return true;
+    c.flush_failed = c.flush_failed || (c.stage == Closing::Stage::kDraining && status != UCS_OK);
+  }
+  if (c.stage != Closing::Stage::kDraining || !c.wire.messages || c.flush_failed) return false;
+  // Sent is not landed here: the target's answer to a batch's end is. (A
+  // dead target's endpoint fails its flush; a frozen one's runs out of time.)
+  std::lock_guard lock(mu_);
+  for (BatchId b : c.batches) {
+    const auto sending = pending_.find(b);  // reads over the same wire are gets: flushed
+    if (sending == pending_.end() || !sending->second->messages) continue;
+    const auto batch = batches_.find(b);
+    if (batch != batches_.end() && batch->second.status.state == BatchState::kInProgress) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void NixlTransport::drain_progressed(BatchId id) {
+  for (Closing& c : closing_) {
+    if (c.stage != Closing::Stage::kDraining || c.batches.count(id) == 0) continue;
+    c.give_up = std::min(std::chrono::steady_clock::now() + kDrainLimit, c.drain_cap);
+  }
+}
+
 void NixlTransport::destroy_wire(Wire& wire) {
   for (auto& r : wire.regions) {
     if (r.rkey) ucp_rkey_destroy(r.rkey);
     r.rkey = nullptr;
   }
   wire.regions.clear();
+}
+
+void NixlTransport::on_op_done(void* request, ucs_status_t, void* user_data) {
+  ++static_cast<NixlTransport*>(user_data)->puts_done_;
+  ucp_request_free(request);
 }
 
 void NixlTransport::on_flush(void* request, ucs_status_t status, void* user_data) {

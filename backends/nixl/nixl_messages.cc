@@ -100,6 +100,7 @@ void NixlTransport::send_messages(BatchId id, PeerId peer, const std::vector<Wri
 }
 
 void NixlTransport::answered(const Answer& answer) {
+  drain_progressed(answer.batch);
   PeerId peer = 0;
   {
     std::lock_guard lock(mu_);
@@ -128,6 +129,7 @@ void NixlTransport::answered(const Answer& answer) {
 }
 
 void NixlTransport::message_sent(Pending* pending) {
+  drain_progressed(pending->batch);
   --pending->sends;
   release_finished(pending->batch);
 }

@@ -119,11 +119,16 @@ class NixlTransport final : public Transport {
   void fence_inbound(std::string_view peer_descriptor, std::optional<uint64_t> connection) override;
 
   // A failed peer's endpoint is first drained (flushed: what was handed to
-  // UCX lands, or the endpoint fails), for at most kDrainLimit, then closed,
+  // UCX lands, or the endpoint fails; on the message path, where a flush
+  // only means sent, also until the target has answered the end of every
+  // batch in flight, which it handles after their bytes) while it makes
+  // progress: until kDrainLimit passes without any (a frozen peer; on the
+  // put path, any op of the worker completing counts), never beyond
+  // kDrainCap; then closed,
   // for at most kCloseLimit; then its batches are reported failed anyway, so
   // that nothing hangs on a peer that neither answers nor fails (a stopped
   // process).
-  static constexpr std::chrono::milliseconds kDrainLimit{500}, kCloseLimit{300};
+  static constexpr std::chrono::milliseconds kDrainLimit{500}, kCloseLimit{300}, kDrainCap{10000};
   static constexpr unsigned kNotifyAmId = 0x7d;  // put path: the notification
   // Message path: bytes, the end of a batch, and the target's answer to it.
   static constexpr unsigned kDataAmId = 0x7e, kEndAmId = 0x7f, kAnswerAmId = 0x80;
@@ -178,9 +183,12 @@ class NixlTransport final : public Transport {
     std::set<BatchId> batches;
     Status reason;
     enum class Stage { kDraining, kClosing } stage = Stage::kDraining;
-    void* request = nullptr;                        // the stage's, with UCX
-    std::chrono::steady_clock::time_point give_up;  // of the stage
-    bool late = false;                              // a stage ran out of time
+    void* request = nullptr;                          // the stage's, with UCX
+    bool flush_failed = false;                        // the drain's flush: the endpoint is gone
+    std::chrono::steady_clock::time_point give_up;    // of the stage
+    std::chrono::steady_clock::time_point drain_cap;  // the drain's, however it progresses
+    uint64_t puts_seen = 0;                           // put path: puts_done_ when last looked
+    bool late = false;                                // a stage ran out of time
   };
   // Message path: what names a sending connection, in every message.
   struct Connection {
@@ -271,8 +279,15 @@ class NixlTransport final : public Transport {
   void start_close(Closing& closing);
   // Moves every closing endpoint on; `all`: now, the thread is gone.
   void finish_closes(bool all);
+  // Whether a stage of `closing` is still under way: its UCX request, and
+  // while draining over a live endpoint, message batches not yet answered.
+  bool stage_in_progress(Closing& closing) const;
+  // A message of batch `id` was sent or answered: a draining endpoint that
+  // carries it is making progress, so its drain goes on.
+  void drain_progressed(BatchId id);
   void destroy_wire(Wire& wire);
   static void on_flush(void* request, ucs_status_t status, void* user_data);
+  static void on_op_done(void* request, ucs_status_t status, void* user_data);
   static void on_notified(void* request, ucs_status_t status, void* user_data);
   static void on_peer_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   static ucs_status_t on_notification(void* arg, const void* header, size_t header_length,
@@ -319,6 +334,7 @@ class NixlTransport final : public Transport {
   std::vector<std::pair<PeerId, ucs_status_t>> peers_errored_;               // from callbacks
   std::vector<Answer> answers_;          // message path, from callbacks
   std::vector<Pending*> messages_sent_;  // message path, from callbacks
+  uint64_t puts_done_ = 0;               // put path: ops completed, ever (progress thread)
   // Message path, target side.
   std::map<std::pair<uint64_t, uint64_t>, Arriving> arriving_;  // (instance, connection)
   std::map<uint64_t, Source> sources_;                          // by instance

@@ -22,8 +22,12 @@
 
 namespace pdkv::engine {
 
-// Deadline of one control call to a peer (a lost peer cancels it sooner).
-inline constexpr auto kControlCallTimeout = std::chrono::milliseconds(5000);
+// Deadline of one control call to a peer. A lost or silent peer cancels it
+// much sooner (its link's keepalive and Watch stream), so this only bounds a
+// call that a live peer is slow to answer: a burst of thousands of reports
+// at once, on a loaded machine, may need more than 5 s (Scale tests under a
+// sanitizer did), and none of them should fail for it.
+inline constexpr auto kControlCallTimeout = std::chrono::milliseconds(20000);
 
 // This rank's transport keys for its pools.
 struct RegionKeys {
