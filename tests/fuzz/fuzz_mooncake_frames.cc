@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -52,7 +54,23 @@ void exchange(const Target& t, const std::string& bytes, bool with_hello) {
   // the host's ports in TIME_WAIT.
   linger reset{1, 0};
   setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
-  if (::connect(fd, a.get(), a.length) != 0) __builtin_trap();  // the target is gone
+  // The target closes first when it refuses a frame, so its side keeps each
+  // connection in TIME_WAIT for a minute: at ~460 connections a second that
+  // is every ephemeral port of one source address. Each connection comes
+  // from the next of 62 500 loopback source addresses instead.
+  static uint32_t next_source = 0;
+  if (a.get()->sa_family == AF_INET) {
+    const uint32_t n = next_source++ % (250 * 250);
+    sockaddr_in source{};
+    source.sin_family = AF_INET;
+    source.sin_addr.s_addr =
+        htonl((127u << 24) | (2u << 16) | ((n / 250 + 1) << 8) | (n % 250 + 1));
+    (void)::bind(fd, reinterpret_cast<const sockaddr*>(&source), sizeof source);
+  }
+  if (::connect(fd, a.get(), a.length) != 0) {
+    std::fprintf(stderr, "fuzz_mooncake_frames: connect to the target: %s\n", std::strerror(errno));
+    __builtin_trap();  // the target is gone, or the host is out of ports
+  }
   timeval timeout{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   const std::string challenge = testing::read_challenge(fd);
