@@ -2,6 +2,8 @@
 // loop, statistics and shutdown. Start-up is in engine_start.cc.
 #include "engine/core.h"
 
+#include <future>
+
 #include <fmt/format.h>
 
 #include "log.h"
@@ -29,12 +31,17 @@ void EngineCore::shutdown() {
     });
     (void)calls_.wait_idle(kFarewell, CallTracker::Kind::kUnary);
     // 2. Rooms whose sources did not answer fail now; links and lookups end.
-    loop_.post([this] {
+    // Waited for: until it has run, a timer on the loop (a lookup's retry)
+    // may still start a call, which step 4 must see to wait for it.
+    std::promise<void> ended;
+    loop_.post([this, &ended] {
       prefill_->give_up();
       decode_->give_up();
       lookups_->stop();
       peers_->stop_all();
+      ended.set_value();
     });
+    ended.get_future().wait();
   }
   // 3. Peers see this rank leave (their Watch streams end); replies already
   // decided are still delivered, through the loop, which runs until the

@@ -5,6 +5,7 @@
 // registered buffer (the bytes around it are checked), and every 1024 inputs
 // a real peer's write must still land.
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -47,6 +48,23 @@ Target& target() {
   return *t;
 }
 
+// connect(), finished when a signal (libFuzzer's timers) interrupts it: the
+// connection goes on in the kernel, and is ready once writable.
+bool connected(int fd, const SocketAddress& a) {
+  if (::connect(fd, a.get(), a.length) == 0) return true;
+  if (errno != EINTR) return false;
+  pollfd p{fd, POLLOUT, 0};
+  while (::poll(&p, 1, 5000) < 0 && errno == EINTR) {
+  }
+  int error = 0;
+  socklen_t length = sizeof error;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0 || error != 0) {
+    errno = error != 0 ? error : errno;
+    return false;
+  }
+  return (p.revents & POLLOUT) != 0;
+}
+
 void exchange(const Target& t, const std::string& bytes, bool with_hello) {
   const SocketAddress a = parse_address(t.desc.rails.at(0), true).value();
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -67,7 +85,7 @@ void exchange(const Target& t, const std::string& bytes, bool with_hello) {
         htonl((127u << 24) | (2u << 16) | ((n / 250 + 1) << 8) | (n % 250 + 1));
     (void)::bind(fd, reinterpret_cast<const sockaddr*>(&source), sizeof source);
   }
-  if (::connect(fd, a.get(), a.length) != 0) {
+  if (!connected(fd, a)) {
     std::fprintf(stderr, "fuzz_mooncake_frames: connect to the target: %s\n", std::strerror(errno));
     __builtin_trap();  // the target is gone, or the host is out of ports
   }
