@@ -278,13 +278,13 @@ void NixlTransport::finish_closes(bool all) {
   }
 }
 
-bool NixlTransport::stage_in_progress(Closing& c) const {
+bool NixlTransport::stage_in_progress(Closing& c) {
   if (c.stage == Closing::Stage::kDraining && !c.wire.messages && puts_done_ != c.puts_seen) {
     // The put path shows progress only worker-wide: any op completed since
     // (a frozen peer's puts complete too where the sender copies, as
     // shared memory does; over a network it stops acknowledging them).
     c.puts_seen = puts_done_;
-    c.give_up = std::min(std::chrono::steady_clock::now() + kDrainLimit, c.drain_cap);
+    keep_draining(c);
   }
   if (c.request != nullptr) {
     const ucs_status_t status = ucp_request_check_status(c.request);
@@ -306,10 +306,13 @@ bool NixlTransport::stage_in_progress(Closing& c) const {
   return false;
 }
 
+void NixlTransport::keep_draining(Closing& c) {
+  c.give_up = std::min(std::chrono::steady_clock::now() + kDrainLimit, c.drain_cap);
+}
+
 void NixlTransport::drain_progressed(BatchId id) {
   for (Closing& c : closing_) {
-    if (c.stage != Closing::Stage::kDraining || c.batches.count(id) == 0) continue;
-    c.give_up = std::min(std::chrono::steady_clock::now() + kDrainLimit, c.drain_cap);
+    if (c.stage == Closing::Stage::kDraining && c.batches.count(id) != 0) keep_draining(c);
   }
 }
 

@@ -281,7 +281,11 @@ class NixlTransport final : public Transport {
   void finish_closes(bool all);
   // Whether a stage of `closing` is still under way: its UCX request, and
   // while draining over a live endpoint, message batches not yet answered.
-  bool stage_in_progress(Closing& closing) const;
+  // (It notes the put path's progress on the way.)
+  bool stage_in_progress(Closing& closing);
+  // A draining endpoint made progress: its drain may last kDrainLimit more,
+  // up to its cap.
+  static void keep_draining(Closing& closing);
   // A message of batch `id` was sent or answered: a draining endpoint that
   // carries it is making progress, so its drain goes on.
   void drain_progressed(BatchId id);
