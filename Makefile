@@ -31,8 +31,13 @@ deps:
 
 # configure + build one tree: $(call build_tree,DIR,EXTRA_CMAKE_FLAGS)
 # Developers and CI build with warnings as errors (PDKV_WERROR).
+# Debug information is line tables only (-g1): backtraces and sanitizer
+# reports keep file and line, and the build takes a third less time; set
+# DEBUG_INFO=-g for variables in a debugger.
+DEBUG_INFO ?= -g1
 define build_tree
-	cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DPDKV_WERROR=ON $(CMAKE_FLAGS) $(2) >/dev/null
+	cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DPDKV_WERROR=ON \
+	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 $(DEBUG_INFO) -DNDEBUG" $(CMAKE_FLAGS) $(2) >/dev/null
 	cmake --build $(1) -j $(JOBS)
 endef
 

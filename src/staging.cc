@@ -9,6 +9,15 @@
 #include "pdkv/plan.h"
 
 namespace pdkv {
+bool staging_pays(const TransferPlan& plan, uint64_t write_overhead_bytes) {
+  const uint64_t fragments = plan.fragment_count();
+  if (fragments <= 1) return false;
+  // In long double: a million fragments times a large overhead overflows
+  // no 64-bit product here, and the comparison needs no exactness.
+  return static_cast<long double>(fragments - 1) * write_overhead_bytes >
+         2.0L * static_cast<long double>(plan.bytes());
+}
+
 Status check_staging_bounds(const TransferPlan& plan, PlanSide side,
                             std::span<const uint64_t> buffer_lengths, uint64_t staging_bytes) {
   const bool source = side == PlanSide::kSource;

@@ -11,9 +11,10 @@ namespace pdkv::backends::mooncake {
 namespace {
 
 constexpr size_t kBufferBytes = 256 << 10;
-// A payload remainder at least this large is received straight into its
-// destination instead of through the buffer.
-constexpr uint64_t kDirectBytes = 64 << 10;
+// A payload at least this large is received straight into its
+// destination instead of through the buffer (below it, one read for many
+// small frames and a copy cost less than one read each).
+constexpr uint64_t kDirectBytes = 16 << 10;
 // One pump reads at most this much, so that one busy connection cannot
 // starve the others on its event loop (epoll is level-triggered).
 constexpr uint64_t kPumpBudget = 16 << 20;
@@ -40,6 +41,7 @@ Status FrameReader::consume_buffered(const OnHeader& on_header, const OnFrame& o
                                                     header_.payload));
       }
       in_payload_ = true;
+      large_payloads_ = sink_.dst != nullptr && header_.payload >= kDirectBytes;
       got_ = 0;
       kept_.clear();
     }
@@ -68,23 +70,27 @@ IoOutcome FrameReader::pump(int fd, const OnHeader& on_header, const OnFrame& on
       return IoOutcome::kError;
     }
     if (begin_ == end_) begin_ = end_ = 0;
-    char* into;
-    size_t room;
-    const uint64_t remaining = in_payload_ ? header_.payload - got_ : 0;
-    const bool direct = in_payload_ && sink_.dst && begin_ == end_ && remaining >= kDirectBytes;
+    iovec iov[2];
+    const bool direct = receives_direct();
     if (direct) {
-      into = sink_.dst + got_;
-      room = remaining;
+      // The payload's remainder into its destination and the next header
+      // into the buffer, in one call: a stream of large frames is never
+      // copied (a longer second part would pull the next payload through
+      // the buffer).
+      iov[0] = {sink_.dst + got_, header_.payload - got_};
+      iov[1] = {buf_.data(), sizeof header_};
     } else {
       if (begin_ > 0 && buf_.size() - end_ < sizeof header_) {  // compact
         std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
         end_ -= begin_;
         begin_ = 0;
       }
-      into = buf_.data() + end_;
-      room = buf_.size() - end_;
+      iov[0] = {buf_.data() + end_, buffered_read_size()};
     }
-    const ssize_t r = ::recv(fd, into, room, 0);
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = direct ? 2 : 1;
+    const ssize_t r = ::recvmsg(fd, &msg, 0);
     if (r == 0) return IoOutcome::kClosed;
     if (r < 0) {
       if (errno == EINTR) continue;
@@ -92,11 +98,15 @@ IoOutcome FrameReader::pump(int fd, const OnHeader& on_header, const OnFrame& on
       error_ = Status::unavailable(fmt::format("recv: {}", std::strerror(errno)));
       return IoOutcome::kError;
     }
-    bytes += static_cast<uint64_t>(r);
+    const auto n = static_cast<uint64_t>(r);
+    bytes += n;
     if (direct) {
-      got_ += static_cast<uint64_t>(r);
+      const uint64_t into_payload = std::min<uint64_t>(n, iov[0].iov_len);
+      got_ += into_payload;
+      end_ = n - into_payload;  // the buffer was empty
+      direct_bytes_ += into_payload;
     } else {
-      end_ += static_cast<size_t>(r);
+      end_ += n;
     }
   }
   if (Status st = consume_buffered(on_header, on_frame); !st.is_ok()) {
@@ -104,6 +114,20 @@ IoOutcome FrameReader::pump(int fd, const OnHeader& on_header, const OnFrame& on
     return IoOutcome::kError;
   }
   return IoOutcome::kAgain;
+}
+
+bool FrameReader::receives_direct() const {
+  // By the frame's size, not its remainder: the rest of a large payload that
+  // TCP delivered in parts goes direct too (through the buffer it would pull
+  // the next payloads with it).
+  return in_payload_ && large_payloads_ && begin_ == end_;
+}
+
+size_t FrameReader::buffered_read_size() const {
+  // Between frames of a stream of large ones: only the next header, so that
+  // its payload goes direct too (the buffer holds no whole header here).
+  if (!in_payload_ && large_payloads_) return sizeof header_ - (end_ - begin_);
+  return buf_.size() - end_;
 }
 
 void FrameWriter::push(const wire::FrameHeader& header, const char* payload) {

@@ -41,9 +41,15 @@ class FrameReader {
   const Status& error() const { return error_; }
   // Bytes of a frame received but not yet dispatched (a truncated frame at EOF).
   bool mid_frame() const { return in_payload_ || end_ > begin_; }
+  // Payload bytes received straight into their destination, not copied.
+  uint64_t direct_bytes() const { return direct_bytes_; }
 
  private:
   Status consume_buffered(const OnHeader& on_header, const OnFrame& on_frame);
+  // Whether the next read goes straight into the current payload's sink.
+  bool receives_direct() const;
+  // How much the next read into the buffer may take.
+  size_t buffered_read_size() const;
 
   std::vector<char> buf_;
   size_t begin_ = 0, end_ = 0;
@@ -53,6 +59,8 @@ class FrameReader {
   uint64_t got_ = 0;
   std::string kept_;
   Status error_;
+  uint64_t direct_bytes_ = 0;
+  bool large_payloads_ = false;  // the current (or last) frame's payload goes direct
 };
 
 class FrameWriter {

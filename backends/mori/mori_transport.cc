@@ -76,6 +76,9 @@ class MoriTransport final : public Transport {
     TransportCapabilities caps;
     caps.reads = true;
     caps.fences_inbound = engine_->can_fence();
+    // One fi_writemsg and its completion per fragment: about 10 us on shm
+    // and tcp at 512-byte fragments (docs/benchmarks.md).
+    caps.write_overhead_bytes = 65536;
     return caps;
   }
 

@@ -181,4 +181,11 @@ enum class PlanSide : uint8_t { kSource, kDestination };
 Status check_staging_bounds(const TransferPlan& plan, PlanSide side,
                             std::span<const uint64_t> buffer_lengths, uint64_t staging_bytes);
 
+// Whether staging the plan costs less than writing its fragments one by one
+// (Staging::kAuto): staging adds a gather and a scatter of plan.bytes() and
+// saves the overhead of every write but one. `write_overhead_bytes` is the
+// transport's (TransportCapabilities), so the comparison is in copied bytes:
+// (fragments - 1) x overhead > 2 x bytes.
+bool staging_pays(const TransferPlan& plan, uint64_t write_overhead_bytes);
+
 }  // namespace pdkv

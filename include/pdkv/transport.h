@@ -95,6 +95,12 @@ struct TransportCapabilities {
   bool reads = false;           // one-sided reads as well as writes
   bool notifications = false;   // write_and_notify / take_notifications
   bool fences_inbound = false;  // fence_inbound drops a lost source's late bytes
+  // What one more write costs beyond moving its bytes (posting it, its
+  // completion, its framing), as the bytes one core copies in that time.
+  // Staging::kAuto gathers a route when its writes would cost more than the
+  // two copies staging adds (staging_pays() in pdkv/plan.h). Backends set it
+  // from what they measure (docs/benchmarks.md, "auto staging").
+  uint64_t write_overhead_bytes = 8192;
 };
 
 // Settings a backend understands (e.g. {"rails", "4"}); unknown keys are an

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cli/baselines.h"
+#include "cli/bench_compare.h"
 #include "cli/cluster_runner.h"
 #include "cli/command.h"
 #include "cli/security_flags.h"
@@ -62,6 +63,8 @@ struct Scenario {
 struct BenchOptions {
   bool quick = false, json = false;
   std::string csv, plot, backends;
+  std::string compare;  // a stored run (--json) to compare this one's ratios with
+  std::string results;  // a stored run to compare instead of running the grid
   // Narrow the full grid (comma-separated; empty = all).
   std::string models, pairs, layouts, tokens;
   double timeout_s = 600;
@@ -238,7 +241,44 @@ bool write_plot(const nlohmann::ordered_json& rows, const std::string& png) {
   return rc == 0;
 }
 
+// The run --compare names, loaded before the grid starts (a wrong path is
+// said at once, not after an hour of scenarios).
+struct Comparison {
+  std::optional<nlohmann::json> stored;
+  // Prints this run's ratios against the stored one's.
+  void print(const nlohmann::json& run, const std::string& path, FILE* to) const {
+    if (stored) std::fputs(format_comparison(compare_runs(*stored, run), path).c_str(), to);
+  }
+};
+
+Result<Comparison> load_comparison(const BenchOptions& o) {
+  Comparison c;
+  if (!o.results.empty() && o.compare.empty()) {
+    return Status::invalid_argument(
+        fmt::format("--results {} needs --compare OLD.json to compare it with", o.results));
+  }
+  if (!o.compare.empty()) {
+    PDKV_ASSIGN_OR_RETURN(nlohmann::json stored, load_run("--compare", o.compare));
+    c.stored = std::move(stored);
+  }
+  return c;
+}
+
 int run_bench(const BenchOptions& o) {
+  const auto comparison = load_comparison(o);
+  if (!comparison.is_ok()) {
+    std::fprintf(stderr, "pdkv bench: %s\n", comparison.status().message().c_str());
+    return kExitInvalidInput;
+  }
+  if (!o.results.empty()) {
+    const auto stored_run = load_run("--results", o.results);
+    if (!stored_run.is_ok()) {
+      std::fprintf(stderr, "pdkv bench: %s\n", stored_run.status().message().c_str());
+      return kExitInvalidInput;
+    }
+    comparison->print(*stored_run, o.compare, stdout);
+    return kExitOk;
+  }
   const auto built = transport_names();
   std::vector<const Variant*> variants;
   for (const Variant& v : kVariants) {
@@ -405,6 +445,8 @@ int run_bench(const BenchOptions& o) {
                   fmt_ratio(r["x_equal_tp"]).c_str(), fmt_ratio(r["x_naive"]).c_str());
     }
   }
+  // With --json, stdout holds the run alone.
+  comparison->print(nlohmann::json::parse(out.dump()), o.compare, o.json ? stderr : stdout);
   return failures == 0 ? kExitOk : kExitFailure;
 }
 
@@ -428,6 +470,11 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--plot", o->plot, "Also draw GB/s across TP pairs per backend (PNG, gnuplot)");
   cmd->add_option("--timeout", o->timeout_s, "Give up on one scenario after this many seconds")
       ->capture_default_str();
+  cmd->add_option("--compare", o->compare,
+                  "A stored run (--json output): print each ratio against it, flagging any that "
+                  "fell by more than 20 %");
+  cmd->add_option("--results", o->results,
+                  "With --compare: compare this stored run instead of running the grid");
   add_security_flags(*cmd, o->security);
   return {cmd, [o] { return run_bench(*o); }};
 }

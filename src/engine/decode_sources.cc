@@ -97,10 +97,11 @@ Result<bool> DecodeSide::reserve_staging(const DecodeRoom& room, Source& source)
     return must ? Result<bool>(plan.status()) : Result<bool>(true);
   }
   if (plan->bytes() == 0) return true;
-  // Auto: staging pays when fragments are small (one write instead of many).
-  constexpr uint64_t kSmallFragment = 4096;
+  // Auto: staging when the transport's writes of these fragments would cost
+  // more than gathering and scattering them (the transport says what a write
+  // costs).
   if (!must && config.staging == Staging::kAuto &&
-      plan->bytes() / std::max<uint64_t>(1, plan->fragment_count()) >= kSmallFragment) {
+      !staging_pays(*plan, ctx_.transport.capabilities().write_overhead_bytes)) {
     return true;
   }
   // Both pools must hold the block: ours receives it, the source gathers it.

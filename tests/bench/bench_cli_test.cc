@@ -88,4 +88,57 @@ TEST(BenchCli, RefusesUnknownBackendsWithExitTwo) {
   EXPECT_NE(r.err.find("carrier-pigeon"), std::string::npos) << r.err;
 }
 
+// Two stored runs written by hand: x_iperf3 0.50 -> 0.39 fell (below 0.8 x
+// 0.50 = 0.40), x_naive 10 -> 8.5 did not, x_memcpy 0.2 -> 0.25 rose; the
+// scenario only the new run has is listed as such.
+TEST(BenchCli, CompareFlagsEveryRatioThatFellByMoreThanTwentyPercent) {
+  const std::string dir = ::testing::TempDir();
+  const std::string old_path = dir + "bench_old.json", new_path = dir + "bench_new.json";
+  const auto row = [](const std::string& pair, double iperf3, double naive, double memcpy) {
+    return nlohmann::json{{"backend", "mooncake-tcp"},
+                          {"model", "llama3-8b"},
+                          {"pair", pair},
+                          {"layout", "nhd"},
+                          {"staging", "auto"},
+                          {"tokens", 1024},
+                          {"gbps", 1.0},
+                          {"x_iperf3", iperf3},
+                          {"x_naive", naive},
+                          {"x_memcpy", memcpy},
+                          {"x_ucx_put", nullptr}};
+  };
+  std::ofstream(old_path) << nlohmann::json{{"baselines", {}},
+                                            {"scenarios", {row("1->1", 0.5, 10, 0.2)}}};
+  std::ofstream(new_path) << nlohmann::json{
+      {"baselines", {}}, {"scenarios", {row("1->1", 0.39, 8.5, 0.25), row("2->4", 1, 1, 1)}}};
+  const auto r = run_command(std::string(PDKV_BIN) + " bench --compare " + old_path +
+                             " --results " + new_path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto line_of = [&](const std::string& ratio) {
+    const size_t at = r.out.find("1->1 nhd auto 1024");
+    const size_t start = r.out.find(ratio, at);
+    return start == std::string::npos ? std::string()
+                                      : r.out.substr(start, r.out.find('\n', start) - start);
+  };
+  EXPECT_NE(line_of("x_iperf3").find("FELL"), std::string::npos) << r.out;
+  EXPECT_NE(line_of("x_iperf3").find("0.500 ->    0.390"), std::string::npos) << r.out;
+  EXPECT_EQ(line_of("x_naive").find("FELL"), std::string::npos) << r.out;
+  EXPECT_EQ(line_of("x_memcpy").find("FELL"), std::string::npos) << r.out;
+  EXPECT_EQ(line_of("x_ucx_put"), "") << "a null ratio is no figure: " << r.out;
+  EXPECT_NE(r.out.find("2->4 nhd auto 1024: not in the stored run"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 of 3 ratios fell by more than 20 %"), std::string::npos) << r.out;
+}
+
+TEST(BenchCli, CompareNamesAStoredRunItCannotUse) {
+  const std::string bad = ::testing::TempDir() + "bench_not_json.json";
+  std::ofstream(bad) << "{ not json";
+  auto r = run_command(std::string(PDKV_BIN) + " bench --quick --compare " + bad);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--compare " + bad + ": not JSON"), std::string::npos) << r.err;
+  r = run_command(std::string(PDKV_BIN) + " bench --quick --compare /nonexistent/old.json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--compare /nonexistent/old.json: cannot read it"), std::string::npos)
+      << r.err;
+}
+
 }  // namespace

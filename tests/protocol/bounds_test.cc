@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <future>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "bootstrap/client.h"
@@ -108,28 +111,50 @@ TEST_F(LookupBounds, LookupsOfUnknownEnginesAreBounded) {
 }
 
 TEST_F(Bounds, WatchStreamsPerPeerAreBounded) {
-  auto open = [&](grpc::ClientContext& ctx) {
-    auto stream = stub_->Watch(&ctx);
+  // Two Watch streams of one watcher at once, the bound 1: whichever the
+  // server counts second is refused (the order the two hellos arrive in is
+  // the server's), the other stays open until cancelled.
+  grpc::ClientContext contexts[2];
+  std::unique_ptr<grpc::ClientReaderWriter<proto::Heartbeat, proto::Heartbeat>> streams[2];
+  for (int i = 0; i < 2; ++i) {
+    streams[i] = stub_->Watch(&contexts[i]);
     proto::Heartbeat hello;
     hello.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
     hello.mutable_from()->set_engine_id("watcher");
-    stream->Write(hello);
-    return stream;
-  };
-  grpc::ClientContext first_ctx, second_ctx;
-  auto first = open(first_ctx);
-  first->WaitForInitialMetadata();  // the server holds the stream (and counted it)
-  auto second = open(second_ctx);
-  second->WritesDone();
-  proto::Heartbeat in;
-  while (second->Read(&in)) {
+    ASSERT_TRUE(streams[i]->Write(hello));
   }
-  const grpc::Status refused = second->Finish();
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_EQ(refused.error_message(),
+  std::mutex mu;
+  std::condition_variable ended_cv;
+  std::vector<int> ended;  // stream indices, in the order their reads ended
+  grpc::Status statuses[2];
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 2; ++i) {
+    readers.emplace_back([&, i] {
+      proto::Heartbeat in;
+      while (streams[i]->Read(&in)) {
+      }
+      statuses[i] = streams[i]->Finish();
+      std::lock_guard lock(mu);
+      ended.push_back(i);
+      ended_cv.notify_all();
+    });
+  }
+  int refused = -1;
+  {
+    std::unique_lock lock(mu);
+    if (ended_cv.wait_for(lock, 10s, [&] { return !ended.empty(); })) refused = ended.front();
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (i != refused) contexts[i].TryCancel();  // both, when neither was refused
+  }
+  for (auto& t : readers) t.join();
+  ASSERT_NE(refused, -1) << "neither stream was refused within 10 s";
+  EXPECT_EQ(statuses[refused].error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(statuses[refused].error_message(),
             "'watcher' dp 0 tp 0 pp 0 holds 1 Watch streams here already "
             "(Limits::watches_per_peer)");
-  first_ctx.TryCancel();
+  EXPECT_EQ(statuses[1 - refused].error_code(), grpc::StatusCode::CANCELLED)
+      << "the stream counted first was held: " << statuses[1 - refused].error_message();
 }
 
 }  // namespace

@@ -19,6 +19,9 @@
 //   {"callback_in_write", "1"}    write() runs it before it returns
 //   {"callback_storm", "1"}       a thread runs it every 100 µs for as long
 //                                 as the transport lives
+//
+// {"write_overhead_bytes", "N"} sets the capability of that name (what
+// Staging::kAuto decides from).
 #include <fmt/format.h>
 
 #include <atomic>
@@ -26,6 +29,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "support/loopback_transport.h"
@@ -48,6 +52,7 @@ struct LoopbackOptions {
   bool callback_in_connect = false;
   bool callback_in_write = false;
   bool callback_storm = false;
+  std::optional<uint64_t> write_overhead_bytes;
 };
 
 constexpr PeerId kStrangerPeer = 0xdead;
@@ -75,7 +80,11 @@ class LoopbackTransport final : public Transport {
   }
 
   std::string_view name() const override { return "loopback"; }
-  TransportCapabilities capabilities() const override { return {}; }
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities caps;
+    if (options_.write_overhead_bytes) caps.write_overhead_bytes = *options_.write_overhead_bytes;
+    return caps;
+  }
 
   Result<RegionKey> register_region(const MemoryRegion& region) override {
     if (region.kind != MemoryKind::kHost) {
@@ -239,11 +248,16 @@ Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options
                                               {"callback_storm", &o.callback_storm}};
   for (const auto& [key, value] : options) {
     if (key == "host") continue;  // every transport takes the rank's address; one process has none
+    if (key == "write_overhead_bytes") {
+      PDKV_ASSIGN_OR_RETURN(o.write_overhead_bytes,
+                            parse_option_number("loopback", key, value, 0, uint64_t{1} << 40));
+      continue;
+    }
     auto flag = flags.find(key);
     if (flag == flags.end() || (value != "0" && value != "1")) {
       return Status::invalid_argument(fmt::format(
           "loopback option '{}={}' unknown (stall, callback_in_connect, callback_in_write, "
-          "callback_storm; each 0 or 1)",
+          "callback_storm; each 0 or 1; write_overhead_bytes=N)",
           key, value));
     }
     *flag->second = value == "1";

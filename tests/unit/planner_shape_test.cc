@@ -18,14 +18,19 @@ RankShard shard(Layout layout, uint32_t tp, uint32_t rank) {
 const Segment kAllLayers{0, 0, 0, 0, 2};
 const std::vector<uint64_t> kPages = {3, 9, 1, 4, 12};
 
+// TP 2 -> 4 under NHD, the route of decode rank 1 (source heads 2-3).
+TransferPlan nhd_half_rows(Planner& planner) {
+  return planner
+      .plan(shard(Layout::kNhd, 2, 0), shard(Layout::kNhd, 4, 1), {{0, 1, 2, 0, 2}, kAllLayers},
+            kPages, kPages)
+      .value();
+}
+
 TEST(PlannerShape, NhdHalfRowsOneFragmentPerToken) {
   // TP 2 -> 4, decode 1 takes source heads 2-3: 12 B per token, contiguous on
   // the decode side (its whole row) but strided on the prefill side (24 B rows).
   Planner planner;
-  auto plan = planner
-                  .plan(shard(Layout::kNhd, 2, 0), shard(Layout::kNhd, 4, 1),
-                        {{0, 1, 2, 0, 2}, kAllLayers}, kPages, kPages)
-                  .value();
+  const TransferPlan plan = nhd_half_rows(planner);
   EXPECT_EQ(plan.page_template()->pieces.size(), 4u);  // one per token
   EXPECT_EQ(plan.fragment_count(), 2u * 2 * 5 * 4);    // layers x K/V x pages x tokens
   EXPECT_EQ(plan.uncoalesced_fragment_count(), 2u * 2 * 5 * 4 * 2);
@@ -40,6 +45,20 @@ TEST(PlannerShape, NhdHalfRowsOneFragmentPerToken) {
   EXPECT_EQ(last.src_buffer, 3u);
   EXPECT_EQ(last.dst_offset, 12u * 48 + 3 * 12);
   EXPECT_EQ(last.staging_offset + last.length, plan.bytes());
+}
+
+TEST(PlannerShape, StagingPaysWhenTheWritesItSavesCostMoreThanTwoCopies) {
+  // The NHD plan above: 80 fragments, 960 bytes. Staging adds 2 x 960 bytes
+  // of copies and saves 79 writes: it pays above 1920 / 79 = 24.3 bytes of
+  // overhead per write.
+  Planner planner;
+  const TransferPlan plan = nhd_half_rows(planner);
+  ASSERT_EQ(plan.fragment_count(), 80u);
+  ASSERT_EQ(plan.bytes(), 960u);
+  EXPECT_FALSE(staging_pays(plan, 0));
+  EXPECT_FALSE(staging_pays(plan, 24));                // 79 x 24 = 1896 < 1920
+  EXPECT_TRUE(staging_pays(plan, 25));                 // 79 x 25 = 1975 > 1920
+  EXPECT_TRUE(staging_pays(plan, uint64_t{1} << 62));  // no overflow
 }
 
 TEST(PlannerShape, HndOneFragmentPerPage) {

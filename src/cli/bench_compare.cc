@@ -1,0 +1,79 @@
+#include "cli/bench_compare.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace pdkv::cli {
+namespace {
+
+constexpr const char* kKeys[] = {"backend", "model", "pair", "layout", "staging", "tokens"};
+
+std::string scenario_name(const nlohmann::json& row) {
+  std::string name;
+  for (const char* key : kKeys) {
+    if (!name.empty()) name += ' ';
+    const auto& v = row.contains(key) ? row[key] : nlohmann::json();
+    name += v.is_string() ? v.get<std::string>() : v.dump();
+  }
+  return name;
+}
+
+}  // namespace
+
+Result<nlohmann::json> load_run(const std::string& flag, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::invalid_argument(fmt::format("{} {}: cannot read it", flag, path));
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json run = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (run.is_discarded()) {
+    return Status::invalid_argument(
+        fmt::format("{} {}: not JSON (expected the output of pdkv bench --json)", flag, path));
+  }
+  if (!run.is_object() || !run.contains("scenarios") || !run["scenarios"].is_array()) {
+    return Status::invalid_argument(fmt::format(
+        "{} {}: no \"scenarios\" array (expected the output of pdkv bench --json)", flag, path));
+  }
+  return run;
+}
+
+RunComparison compare_runs(const nlohmann::json& old_run, const nlohmann::json& new_run) {
+  std::map<std::string, const nlohmann::json*> stored;
+  for (const auto& row : old_run["scenarios"]) stored[scenario_name(row)] = &row;
+  RunComparison c;
+  for (const auto& row : new_run["scenarios"]) {
+    const std::string name = scenario_name(row);
+    auto it = stored.find(name);
+    if (it == stored.end()) {
+      c.unmatched.push_back(name);
+      continue;
+    }
+    for (const auto& [key, value] : row.items()) {
+      if (key.rfind("x_", 0) != 0 || !value.is_number()) continue;
+      const auto& old = *it->second;
+      if (!old.contains(key) || !old[key].is_number()) continue;
+      c.changes.push_back({name, key, old[key].get<double>(), value.get<double>()});
+    }
+  }
+  return c;
+}
+
+std::string format_comparison(const RunComparison& c, const std::string& old_path) {
+  std::string out = fmt::format("against {}:\n", old_path);
+  size_t fell = 0;
+  for (const RatioChange& r : c.changes) {
+    fell += r.fell();
+    out += fmt::format("{:<44} {:<11} {:8.3f} -> {:8.3f}  x{:.2f}{}\n", r.scenario, r.ratio,
+                       r.old_value, r.new_value, r.old_value > 0 ? r.new_value / r.old_value : 0.0,
+                       r.fell() ? "  FELL" : "");
+  }
+  for (const auto& name : c.unmatched) out += fmt::format("{}: not in the stored run\n", name);
+  out += fmt::format("{} of {} ratios fell by more than {:.0f} %\n", fell, c.changes.size(),
+                     (1 - kFellBelow) * 100);
+  return out;
+}
+
+}  // namespace pdkv::cli

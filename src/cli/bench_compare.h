@@ -1,0 +1,42 @@
+// `pdkv bench --compare OLD.json`: each ratio of this run against the same
+// scenario of a stored run (the JSON of `pdkv bench --json`). Ratios, not
+// GB/s, because a ratio's baseline was measured in its own run: what is
+// compared is how close each backend came to its ceiling then and now.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "pdkv/status.h"
+
+namespace pdkv::cli {
+
+// A drop below this fraction of the stored ratio is flagged (a fall of more
+// than 20 %; figures on a shared 2-core machine vary by about that much).
+constexpr double kFellBelow = 0.8;
+
+struct RatioChange {
+  std::string scenario;  // "mooncake-tcp llama3-8b 1->1 nhd auto 1024"
+  std::string ratio;     // "x_iperf3"
+  double old_value = 0, new_value = 0;
+  bool fell() const { return new_value < kFellBelow * old_value; }
+};
+
+struct RunComparison {
+  std::vector<RatioChange> changes;    // in the order of the new run's scenarios
+  std::vector<std::string> unmatched;  // new scenarios the stored run lacks
+};
+
+// A stored run read from `path` (given as `flag`), or kInvalidArgument
+// naming both and what is wrong (unreadable, not JSON, no "scenarios" array).
+Result<nlohmann::json> load_run(const std::string& flag, const std::string& path);
+
+// Every ratio (x_*) that both runs have for a scenario both ran, matched by
+// backend, model, pair, layout, staging and tokens.
+RunComparison compare_runs(const nlohmann::json& old_run, const nlohmann::json& new_run);
+
+// One line per ratio, "FELL" on those that fell, and a closing count.
+std::string format_comparison(const RunComparison& c, const std::string& old_path);
+
+}  // namespace pdkv::cli
