@@ -87,8 +87,10 @@ class MooncakeTransport final : public Transport {
     caps.notifications = true;
     // Measured at 512-byte fragments (docs/benchmarks.md): a slice over TCP
     // costs about 5 us (its frame, its share of an ACK), a same-host slice
-    // in a batched process_vm_writev about 0.5 us.
-    caps.write_overhead_bytes = same_host_ == SameHost::kOff ? 65536 : 8192;
+    // in a batched process_vm_writev about 0.5 us. The cheaper figure only
+    // when every peer must be on this host: with `auto` a peer elsewhere
+    // (or one whose same-host path is refused) goes over TCP.
+    caps.write_overhead_bytes = same_host_ == SameHost::kRequire ? 8192 : 65536;
     return caps;
   }
 

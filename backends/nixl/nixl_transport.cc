@@ -150,7 +150,8 @@ Status NixlTransport::init() {
   caps_.fences_inbound = data_path_ == DataPath::kMessage;
   // A put straight into the peer's shared segment costs little beyond its
   // bytes (about 0.07 us at 512-byte fragments, docs/benchmarks.md); on the
-  // message path each write is a message the target copies in.
+  // message path each write is a message the target copies in. The put
+  // figure is measured on shared memory only; RDMA hardware was not at hand.
   caps_.write_overhead_bytes = data_path_ == DataPath::kPut ? 512 : 65536;
   caps_.reads = true;  // ucp_get_nbx; the same flush completes them
 

@@ -51,11 +51,11 @@ RunComparison compare_runs(const nlohmann::json& old_run, const nlohmann::json& 
       c.unmatched.push_back(name);
       continue;
     }
-    for (const auto& [key, value] : row.items()) {
-      if (key.rfind("x_", 0) != 0 || !value.is_number()) continue;
-      const auto& old = *it->second;
-      if (!old.contains(key) || !old[key].is_number()) continue;
-      c.changes.push_back({name, key, old[key].get<double>(), value.get<double>()});
+    for (const auto& [key, stored_value] : it->second->items()) {
+      if (key.rfind("x_", 0) != 0 || !stored_value.is_number()) continue;
+      RatioChange change{name, key, stored_value.get<double>(), std::nullopt};
+      if (row.contains(key) && row[key].is_number()) change.new_value = row[key].get<double>();
+      c.changes.push_back(std::move(change));
     }
   }
   return c;
@@ -66,9 +66,14 @@ std::string format_comparison(const RunComparison& c, const std::string& old_pat
   size_t fell = 0;
   for (const RatioChange& r : c.changes) {
     fell += r.fell();
-    out += fmt::format("{:<44} {:<11} {:8.3f} -> {:8.3f}  x{:.2f}{}\n", r.scenario, r.ratio,
-                       r.old_value, r.new_value, r.old_value > 0 ? r.new_value / r.old_value : 0.0,
-                       r.fell() ? "  FELL" : "");
+    if (!r.new_value) {
+      out += fmt::format("{:<44} {:<11} {:8.3f} ->     none  FELL\n", r.scenario, r.ratio,
+                         r.old_value);
+      continue;
+    }
+    out += fmt::format(
+        "{:<44} {:<11} {:8.3f} -> {:8.3f}  x{:.2f}{}\n", r.scenario, r.ratio, r.old_value,
+        *r.new_value, r.old_value > 0 ? *r.new_value / r.old_value : 0.0, r.fell() ? "  FELL" : "");
   }
   for (const auto& name : c.unmatched) out += fmt::format("{}: not in the stored run\n", name);
   out += fmt::format("{} of {} ratios fell by more than {:.0f} %\n", fell, c.changes.size(),

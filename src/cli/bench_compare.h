@@ -5,6 +5,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,9 @@ constexpr double kFellBelow = 0.8;
 struct RatioChange {
   std::string scenario;  // "mooncake-tcp llama3-8b 1->1 nhd auto 1024"
   std::string ratio;     // "x_iperf3"
-  double old_value = 0, new_value = 0;
-  bool fell() const { return new_value < kFellBelow * old_value; }
+  double old_value = 0;
+  std::optional<double> new_value;  // none: the scenario failed, or lost this figure
+  bool fell() const { return !new_value || *new_value < kFellBelow * old_value; }
 };
 
 struct RunComparison {
@@ -32,8 +34,9 @@ struct RunComparison {
 // naming both and what is wrong (unreadable, not JSON, no "scenarios" array).
 Result<nlohmann::json> load_run(const std::string& flag, const std::string& path);
 
-// Every ratio (x_*) that both runs have for a scenario both ran, matched by
-// backend, model, pair, layout, staging and tokens.
+// Every ratio (x_*) the stored run has for a scenario both ran, matched by
+// backend, model, pair, layout, staging and tokens; one the new run lacks
+// (the scenario failed, or a baseline did) counts as fallen.
 RunComparison compare_runs(const nlohmann::json& old_run, const nlohmann::json& new_run);
 
 // One line per ratio, "FELL" on those that fell, and a closing count.

@@ -50,6 +50,18 @@ TEST(MooncakeFrameReader, PagePayloadsAreReceivedStraightIntoTheirDestination) {
     }
     ::shutdown(writer_fd, SHUT_WR);
   });
+  // On every way out, an early ASSERT included: the reader's end goes first,
+  // so that a sender blocked on a full socket returns and can be joined.
+  struct EndSender {
+    std::thread& sender;
+    int* fds;
+    ~EndSender() {
+      ::shutdown(fds[0], SHUT_RDWR);
+      sender.join();
+      ::close(fds[0]);
+      ::close(fds[1]);
+    }
+  } end_sender{sender, fds};
 
   FrameReader reader;
   uint64_t frames = 0, received = 0;
@@ -72,9 +84,6 @@ TEST(MooncakeFrameReader, PagePayloadsAreReceivedStraightIntoTheirDestination) {
     outcome = reader.pump(fds[0], on_header, on_frame, bytes);
     received += bytes;
   }
-  sender.join();
-  ::close(fds[0]);
-  ::close(fds[1]);
 
   ASSERT_EQ(outcome, IoOutcome::kClosed) << reader.error().message();
   EXPECT_EQ(frames, kFrames);

@@ -89,8 +89,9 @@ TEST(BenchCli, RefusesUnknownBackendsWithExitTwo) {
 }
 
 // Two stored runs written by hand: x_iperf3 0.50 -> 0.39 fell (below 0.8 x
-// 0.50 = 0.40), x_naive 10 -> 8.5 did not, x_memcpy 0.2 -> 0.25 rose; the
-// scenario only the new run has is listed as such.
+// 0.50 = 0.40), x_naive 10 -> 8.5 did not, x_memcpy 0.2 -> 0.25 rose; a
+// scenario that fails now lost its figures (fell); the scenario only the
+// new run has is listed as such.
 TEST(BenchCli, CompareFlagsEveryRatioThatFellByMoreThanTwentyPercent) {
   const std::string dir = ::testing::TempDir();
   const std::string old_path = dir + "bench_old.json", new_path = dir + "bench_new.json";
@@ -107,26 +108,37 @@ TEST(BenchCli, CompareFlagsEveryRatioThatFellByMoreThanTwentyPercent) {
                           {"x_memcpy", memcpy},
                           {"x_ucx_put", nullptr}};
   };
-  std::ofstream(old_path) << nlohmann::json{{"baselines", {}},
-                                            {"scenarios", {row("1->1", 0.5, 10, 0.2)}}};
+  nlohmann::json failed = row("4->1", 0, 0, 0);  // ran before, fails now: no figures
+  for (const char* key : {"gbps", "x_iperf3", "x_naive", "x_memcpy", "x_ucx_put"}) {
+    failed.erase(key);
+  }
+  failed["error"] = "worker exited with status 1";
+  std::ofstream(old_path) << nlohmann::json{
+      {"baselines", {}}, {"scenarios", {row("1->1", 0.5, 10, 0.2), row("4->1", 0.6, 5, 0.1)}}};
   std::ofstream(new_path) << nlohmann::json{
-      {"baselines", {}}, {"scenarios", {row("1->1", 0.39, 8.5, 0.25), row("2->4", 1, 1, 1)}}};
+      {"baselines", {}},
+      {"scenarios", {row("1->1", 0.39, 8.5, 0.25), row("2->4", 1, 1, 1), failed}}};
   const auto r = run_command(std::string(PDKV_BIN) + " bench --compare " + old_path +
                              " --results " + new_path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto line_of = [&](const std::string& ratio) {
-    const size_t at = r.out.find("1->1 nhd auto 1024");
+  const auto line_of = [&](const std::string& ratio, const std::string& pair = "1->1") {
+    const size_t at = r.out.find(pair + " nhd auto 1024");
     const size_t start = r.out.find(ratio, at);
     return start == std::string::npos ? std::string()
                                       : r.out.substr(start, r.out.find('\n', start) - start);
   };
+  for (const char* ratio : {"x_iperf3", "x_naive", "x_memcpy"}) {
+    ASSERT_NE(line_of(ratio), "") << ratio << " missing: " << r.out;
+  }
   EXPECT_NE(line_of("x_iperf3").find("FELL"), std::string::npos) << r.out;
   EXPECT_NE(line_of("x_iperf3").find("0.500 ->    0.390"), std::string::npos) << r.out;
   EXPECT_EQ(line_of("x_naive").find("FELL"), std::string::npos) << r.out;
   EXPECT_EQ(line_of("x_memcpy").find("FELL"), std::string::npos) << r.out;
   EXPECT_EQ(line_of("x_ucx_put"), "") << "a null ratio is no figure: " << r.out;
   EXPECT_NE(r.out.find("2->4 nhd auto 1024: not in the stored run"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("1 of 3 ratios fell by more than 20 %"), std::string::npos) << r.out;
+  // The failed scenario's three figures are gone: each counts as fallen.
+  EXPECT_NE(line_of("x_naive", "4->1").find("5.000 ->     none  FELL"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4 of 6 ratios fell by more than 20 %"), std::string::npos) << r.out;
 }
 
 TEST(BenchCli, CompareNamesAStoredRunItCannotUse) {
