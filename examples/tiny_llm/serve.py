@@ -59,9 +59,22 @@ def parse_args(argv):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # A free port below the kernel's ephemeral range: a port bind(0) handed
+    # out and we released can be taken as the source port of any connection
+    # on the host (tests run side by side) before torch or the bootstrap
+    # service binds it; below the range only another listener can take it.
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    low = max(1024, ephemeral_low - 12000)
+    for _ in range(200):
+        port = random.randrange(low, ephemeral_low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in [{low}, {ephemeral_low})")
 
 
 # ---- what both sides share --------------------------------------------------
