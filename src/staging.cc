@@ -11,11 +11,10 @@
 namespace pdkv {
 bool staging_pays(const TransferPlan& plan, uint64_t write_overhead_bytes) {
   const uint64_t fragments = plan.fragment_count();
-  if (fragments <= 1) return false;
-  // In long double: a million fragments times a large overhead overflows
-  // no 64-bit product here, and the comparison needs no exactness.
-  return static_cast<long double>(fragments - 1) * write_overhead_bytes >
-         2.0L * static_cast<long double>(plan.bytes());
+  if (fragments <= 1 || write_overhead_bytes == 0) return false;
+  // (fragments - 1) x overhead > 2 x bytes, divided through so that no
+  // product can overflow: for whole numbers, n > floor(c / o) is n x o > c.
+  return fragments - 1 > 2 * plan.bytes() / write_overhead_bytes;
 }
 
 Status check_staging_bounds(const TransferPlan& plan, PlanSide side,

@@ -241,42 +241,39 @@ bool write_plot(const nlohmann::ordered_json& rows, const std::string& png) {
   return rc == 0;
 }
 
-// The run --compare names, loaded before the grid starts (a wrong path is
-// said at once, not after an hour of scenarios).
-struct Comparison {
-  std::optional<nlohmann::json> stored;
-  // Prints this run's ratios against the stored one's.
-  void print(const nlohmann::json& run, const std::string& path, FILE* to) const {
-    if (stored) std::fputs(format_comparison(compare_runs(*stored, run), path).c_str(), to);
+// The runs --compare and --results name, loaded before the grid starts (a
+// wrong path is said at once, not after an hour of scenarios).
+struct StoredRuns {
+  std::optional<nlohmann::ordered_json> compare, results;
+  // Prints `run`'s ratios against the --compare run's, if there is one.
+  void print_against(const nlohmann::ordered_json& run, const std::string& path, FILE* to) const {
+    if (compare) std::fputs(format_comparison(compare_runs(*compare, run), path).c_str(), to);
   }
 };
 
-Result<Comparison> load_comparison(const BenchOptions& o) {
-  Comparison c;
+Result<StoredRuns> load_stored_runs(const BenchOptions& o) {
   if (!o.results.empty() && o.compare.empty()) {
     return Status::invalid_argument(
         fmt::format("--results {} needs --compare OLD.json to compare it with", o.results));
   }
+  StoredRuns runs;
   if (!o.compare.empty()) {
-    PDKV_ASSIGN_OR_RETURN(nlohmann::json stored, load_run("--compare", o.compare));
-    c.stored = std::move(stored);
+    PDKV_ASSIGN_OR_RETURN(runs.compare, load_run("--compare", o.compare));
   }
-  return c;
+  if (!o.results.empty()) {
+    PDKV_ASSIGN_OR_RETURN(runs.results, load_run("--results", o.results));
+  }
+  return runs;
 }
 
 int run_bench(const BenchOptions& o) {
-  const auto comparison = load_comparison(o);
-  if (!comparison.is_ok()) {
-    std::fprintf(stderr, "pdkv bench: %s\n", comparison.status().message().c_str());
+  const auto stored = load_stored_runs(o);
+  if (!stored.is_ok()) {
+    std::fprintf(stderr, "pdkv bench: %s\n", stored.status().message().c_str());
     return kExitInvalidInput;
   }
-  if (!o.results.empty()) {
-    const auto stored_run = load_run("--results", o.results);
-    if (!stored_run.is_ok()) {
-      std::fprintf(stderr, "pdkv bench: %s\n", stored_run.status().message().c_str());
-      return kExitInvalidInput;
-    }
-    comparison->print(*stored_run, o.compare, stdout);
+  if (stored->results) {
+    stored->print_against(*stored->results, o.compare, stdout);
     return kExitOk;
   }
   const auto built = transport_names();
@@ -446,7 +443,7 @@ int run_bench(const BenchOptions& o) {
     }
   }
   // With --json, stdout holds the run alone.
-  comparison->print(nlohmann::json::parse(out.dump()), o.compare, o.json ? stderr : stdout);
+  stored->print_against(out, o.compare, o.json ? stderr : stdout);
   return failures == 0 ? kExitOk : kExitFailure;
 }
 

@@ -11,11 +11,11 @@ namespace {
 
 constexpr const char* kKeys[] = {"backend", "model", "pair", "layout", "staging", "tokens"};
 
-std::string scenario_name(const nlohmann::json& row) {
+std::string scenario_name(const nlohmann::ordered_json& row) {
   std::string name;
   for (const char* key : kKeys) {
     if (!name.empty()) name += ' ';
-    const auto& v = row.contains(key) ? row[key] : nlohmann::json();
+    const auto& v = row.contains(key) ? row[key] : nlohmann::ordered_json();
     name += v.is_string() ? v.get<std::string>() : v.dump();
   }
   return name;
@@ -23,12 +23,12 @@ std::string scenario_name(const nlohmann::json& row) {
 
 }  // namespace
 
-Result<nlohmann::json> load_run(const std::string& flag, const std::string& path) {
+Result<nlohmann::ordered_json> load_run(const std::string& flag, const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::invalid_argument(fmt::format("{} {}: cannot read it", flag, path));
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json run = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  auto run = nlohmann::ordered_json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (run.is_discarded()) {
     return Status::invalid_argument(
         fmt::format("{} {}: not JSON (expected the output of pdkv bench --json)", flag, path));
@@ -40,8 +40,9 @@ Result<nlohmann::json> load_run(const std::string& flag, const std::string& path
   return run;
 }
 
-RunComparison compare_runs(const nlohmann::json& old_run, const nlohmann::json& new_run) {
-  std::map<std::string, const nlohmann::json*> stored;
+RunComparison compare_runs(const nlohmann::ordered_json& old_run,
+                           const nlohmann::ordered_json& new_run) {
+  std::map<std::string, const nlohmann::ordered_json*> stored;
   for (const auto& row : old_run["scenarios"]) stored[scenario_name(row)] = &row;
   RunComparison c;
   for (const auto& row : new_run["scenarios"]) {

@@ -32,12 +32,13 @@ struct RunComparison {
 
 // A stored run read from `path` (given as `flag`), or kInvalidArgument
 // naming both and what is wrong (unreadable, not JSON, no "scenarios" array).
-Result<nlohmann::json> load_run(const std::string& flag, const std::string& path);
+Result<nlohmann::ordered_json> load_run(const std::string& flag, const std::string& path);
 
 // Every ratio (x_*) the stored run has for a scenario both ran, matched by
 // backend, model, pair, layout, staging and tokens; one the new run lacks
 // (the scenario failed, or a baseline did) counts as fallen.
-RunComparison compare_runs(const nlohmann::json& old_run, const nlohmann::json& new_run);
+RunComparison compare_runs(const nlohmann::ordered_json& old_run,
+                           const nlohmann::ordered_json& new_run);
 
 // One line per ratio, "FELL" on those that fell, and a closing count.
 std::string format_comparison(const RunComparison& c, const std::string& old_path);
