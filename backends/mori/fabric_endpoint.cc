@@ -130,6 +130,9 @@ Status Endpoint::open_objects() {
   prov_key = mr_mode & FI_MR_PROV_KEY;
   key_bytes = std::min<size_t>(info->domain_attr->mr_key_size, sizeof(uint64_t));
   endpoint_mr = mr_mode & FI_MR_ENDPOINT;
+  if (info->tx_attr->msg_order & (FI_ORDER_RMA_WAW | FI_ORDER_WAW)) {
+    ordered_write_bytes = info->ep_attr->max_order_waw_size;
+  }
   if (info->domain_attr->cq_data_size < sizeof(uint64_t)) {
     return Status::failed_precondition(
         fmt::format("provider '{}' carries {} bytes of remote CQ data; a transfer id needs 8", name,

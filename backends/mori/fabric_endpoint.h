@@ -34,6 +34,9 @@ struct Endpoint {
   bool prov_key = false;     // FI_MR_PROV_KEY: the provider chooses keys
   bool endpoint_mr = false;  // FI_MR_ENDPOINT: bind each MR to the endpoint
   size_t key_bytes = 8;      // of a key the provider takes (mr_key_size)
+  // Writes to one peer up to this size land in the order they were posted
+  // (FI_ORDER_RMA_WAW with max_order_waw_size); 0: no order is promised.
+  size_t ordered_write_bytes = 0;
 
   Endpoint() = default;
   Endpoint(const Endpoint&) = delete;

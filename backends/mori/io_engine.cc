@@ -51,6 +51,10 @@ constexpr auto kIdleTick = std::chrono::milliseconds(1);
 // After peers' traffic was last seen, the thread keeps polling without
 // sleeping this long: on shm every small write waits for the target's poll.
 constexpr auto kHotWindow = std::chrono::milliseconds(5);
+// At most this many operations of one peer are taken off its queue per
+// pass: what the provider refuses (-FI_EAGAIN) goes back, and a burst
+// bounds that work.
+constexpr size_t kPostBurst = 256;
 // A failed transfer's operations still with the provider are cancelled; it
 // is over when the provider has returned them all, or after this long.
 constexpr auto kDrainLimit = std::chrono::milliseconds(1000);
@@ -82,6 +86,9 @@ struct Op {
   bool cancelled = false;
   bool read = false;
   bool signal = false;  // the write that carries the transfer id as remote CQ data
+  // The peer's endpoint places this write before any posted after it: the
+  // transfer's signal need not wait for its completion.
+  bool ordered = false;
   char* local = nullptr;
   void* local_desc = nullptr;
   uint64_t length = 0;
@@ -126,9 +133,22 @@ struct IoEngine::Impl {
     }
   };
 
+  // A peer's operations taken off its queue to post in one pass.
+  struct Burst {
+    std::string peer;
+    size_t endpoint = 0;
+    std::vector<std::unique_ptr<Op>> ops;
+    size_t posted = 0;   // ops[0, posted) went to the provider
+    int refused_rc = 0;  // else: it refused ops[posted] with this, and the burst stopped
+  };
+  struct Finished {
+    std::unique_ptr<Op> op;
+    Status error;
+    int err = 0;
+  };
+
   IoEngineConfig config;
   EngineDesc desc;
-  std::vector<std::unique_ptr<Endpoint>> endpoints;
   std::string host_identity;
   uint32_t next_transfer = 1;
   int wake_fd = -1;  // eventfd: tasks and submissions wake the idle thread
@@ -137,15 +157,27 @@ struct IoEngine::Impl {
   ProgressThread thread{"mori progress thread"};
   PeerFailures<std::string> failures{thread};
 
+  // Fixed once the engine runs; their provider objects are used on the
+  // progress thread only (FI_THREAD_DOMAIN), with round_mu or no lock held.
+  std::vector<std::unique_ptr<Endpoint>> endpoints;
+  // The progress thread's own:
+  std::map<Op*, std::unique_ptr<Op>> posted;  // handed to the provider
+  Clock::time_point next_deadline_check = Clock::now();
+
+  // Held by the progress thread for each round of provider calls, in which
+  // providers copy peers' bytes into our memory; see acquire_inbound_writes.
+  std::mutex round_mu;
+
+  // mu guards what other threads share with the progress thread, and is
+  // held only while that state is read or changed, never across a call
+  // into the provider.
   std::mutex mu;
   std::vector<Registered> registered;
   std::map<std::string, Peer> peers;
   std::map<TransferId, Transfer> transfers;
-  std::map<Op*, std::unique_ptr<Op>> posted;  // handed to the provider
-  std::map<uint32_t, std::string> nonces;     // peer nonce -> engine key
-  std::set<TransferId> inbound;               // landed, not yet popped
+  std::map<uint32_t, std::string> nonces;  // peer nonce -> engine key
+  std::set<TransferId> inbound;            // landed, not yet popped
   std::vector<Retired> retired;
-  Clock::time_point next_deadline_check = Clock::now();
 
   ~Impl() {
     thread.stop();
@@ -167,14 +199,18 @@ struct IoEngine::Impl {
     const uint64_t one = 1;
     if (wake_fd >= 0) (void)!::write(wake_fd, &one, sizeof one);
   }
-  // mu held, progress thread:
-  void post_queued();
-  bool post_one(Peer& peer, std::unique_ptr<Op>& op);  // false: the provider said EAGAIN
-  void read_completions(Endpoint& e);
-  void finish_op(std::unique_ptr<Op> op, const Status& error, int err);
+  // Progress thread, round_mu held; each takes mu only around shared state:
+  bool post_queued();
+  std::vector<Burst> take_queued();
+  void post_burst(Burst& burst);
+  void settle_burst(Burst& burst);
+  bool read_completions(Endpoint& e);
   void cancel_failed();
-  void check_deadlines(Clock::time_point now);
+  bool inbound_traffic();
   void remove_retired();
+  // mu held, progress thread:
+  void finish_op(std::unique_ptr<Op> op, const Status& error, int err);
+  void check_deadlines(Clock::time_point now);
   Result<std::pair<size_t, size_t>> endpoint_for(const EngineDesc& remote) const;
   std::vector<std::string> provider_names() const;
   // mu held, any thread:
@@ -198,32 +234,24 @@ void IoEngine::Impl::start_thread() {
 }
 
 bool IoEngine::Impl::progress() {
-  std::lock_guard lock(mu);
-  const size_t before = posted.size();
+  std::lock_guard round(round_mu);
   cancel_failed();
-  post_queued();
-  for (auto& e : endpoints) read_completions(*e);
-  bool active = posted.size() != before;
-  for (auto& e : endpoints) {
-    if (e->inbound == nullptr) continue;
-    const uint64_t seen = fi_cntr_read(e->inbound);
-    if (seen != e->inbound_seen) {
-      e->inbound_seen = seen;
-      active = true;  // peers' traffic: keep polling for a while (kHotWindow)
-    }
-  }
+  bool active = post_queued();
+  for (auto& e : endpoints) active |= read_completions(*e);
+  active |= inbound_traffic();  // peers' traffic: keep polling for a while (kHotWindow)
   const auto now = Clock::now();
   if (now >= next_deadline_check) {
     next_deadline_check = now + std::chrono::milliseconds(10);
+    std::lock_guard lock(mu);
     check_deadlines(now);
   }
-  if (!retired.empty()) remove_retired();
+  remove_retired();
   return active;
 }
 
 bool IoEngine::Impl::busy() {
-  std::lock_guard lock(mu);
   if (!posted.empty()) return true;
+  std::lock_guard lock(mu);
   for (const auto& [key, peer] : peers) {
     if (!peer.queue.empty()) return true;
   }
@@ -240,7 +268,7 @@ void IoEngine::Impl::idle_wait(std::chrono::microseconds limit) {
   std::vector<pollfd> fds = {{wake_fd, POLLIN, 0}};
   bool all_waitable = wake_fd >= 0;
   {
-    std::lock_guard lock(mu);
+    std::lock_guard round(round_mu);  // fi_trywait may progress the provider
     for (auto& e : endpoints) {
       if (e->wait_fd < 0) {
         all_waitable = false;
@@ -259,60 +287,125 @@ void IoEngine::Impl::idle_wait(std::chrono::microseconds limit) {
   if (fds[0].revents & POLLIN) (void)!::read(wake_fd, &count, sizeof count);
 }
 
-void IoEngine::Impl::post_queued() {
+// One pass over the peers' queues: up to kPostBurst operations of each are
+// taken under mu, posted without it, and settled under it again. True when
+// any went to the provider.
+bool IoEngine::Impl::post_queued() {
+  std::vector<Burst> bursts = take_queued();
+  if (bursts.empty()) return false;
+  bool any = false;
+  for (auto& b : bursts) {
+    post_burst(b);
+    any |= b.posted > 0;
+  }
+  std::lock_guard lock(mu);
+  for (auto& b : bursts) settle_burst(b);
+  return any;
+}
+
+// An operation taken counts as with the provider from here on: its
+// transfer, failed meanwhile, is not reported over while it is in our hands.
+std::vector<IoEngine::Impl::Burst> IoEngine::Impl::take_queued() {
+  std::vector<Burst> bursts;
+  std::lock_guard lock(mu);
   for (auto& [key, peer] : peers) {
-    while (!peer.queue.empty() && post_one(peer, peer.queue.front())) peer.queue.pop_front();
-  }
-}
-
-bool IoEngine::Impl::post_one(Peer& peer, std::unique_ptr<Op>& owned) {
-  Op* op = owned.get();
-  auto t = transfers.find(op->transfer);
-  if (t == transfers.end() || t->second.status.state != TransferState::kInProgress) {
-    return true;  // its transfer ended (failed) meanwhile: dropped, never posted
-  }
-  Endpoint& e = *endpoints[peer.endpoint];
-  iovec iov{op->local, op->length};
-  fi_rma_iov rma{op->remote_addr, op->length, op->key};
-  fi_msg_rma msg{};
-  msg.msg_iov = &iov;
-  msg.desc = &op->local_desc;
-  msg.iov_count = 1;
-  msg.addr = peer.addr;
-  msg.rma_iov = &rma;
-  msg.rma_iov_count = 1;
-  msg.context = op;
-  ssize_t rc;
-  if (op->read) {
-    rc = fi_readmsg(e.ep, &msg, FI_COMPLETION);
-  } else {
-    uint64_t flags = FI_COMPLETION | FI_DELIVERY_COMPLETE;
-    if (op->signal) {
-      flags |= FI_REMOTE_CQ_DATA;
-      msg.data = op->transfer;
+    if (peer.queue.empty()) continue;
+    Burst b{key, peer.endpoint, {}, 0, 0};
+    while (!peer.queue.empty() && b.ops.size() < kPostBurst) {
+      std::unique_ptr<Op> op = std::move(peer.queue.front());
+      peer.queue.pop_front();
+      auto t = transfers.find(op->transfer);
+      if (t == transfers.end() || t->second.status.state != TransferState::kInProgress) {
+        continue;  // its transfer ended (failed) meanwhile: dropped, never posted
+      }
+      ++t->second.with_provider;
+      op->endpoint = peer.endpoint;
+      op->addr = peer.addr;
+      b.ops.push_back(std::move(op));
     }
-    rc = fi_writemsg(e.ep, &msg, flags);
+    if (!b.ops.empty()) bursts.push_back(std::move(b));
   }
-  if (rc == -FI_EAGAIN) return false;  // the provider needs progress first
-  if (rc != 0) {
-    fail_transfer(t->second, ofi_error(op->read ? "fi_readmsg" : "fi_writemsg", int(rc)));
-    return true;
-  }
-  op->endpoint = peer.endpoint;
-  op->addr = peer.addr;
-  ++t->second.with_provider;
-  posted.emplace(op, std::move(owned));
-  return true;
+  return bursts;
 }
 
-void IoEngine::Impl::read_completions(Endpoint& e) {
+// Posts in order until the provider says -FI_EAGAIN (the rest wait for the
+// next pass) or refuses one: nothing behind a refused write may go, for a
+// signal there would say it landed. Each but the last of a burst says
+// FI_MORE: another follows at once, and what a provider defers for it is
+// flushed by a later post.
+void IoEngine::Impl::post_burst(Burst& b) {
+  Endpoint& e = *endpoints[b.endpoint];
+  for (; b.posted < b.ops.size(); ++b.posted) {
+    Op& op = *b.ops[b.posted];
+    iovec iov{op.local, op.length};
+    fi_rma_iov rma{op.remote_addr, op.length, op.key};
+    fi_msg_rma msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &op.local_desc;
+    msg.iov_count = 1;
+    msg.addr = op.addr;
+    msg.rma_iov = &rma;
+    msg.rma_iov_count = 1;
+    msg.context = &op;
+    uint64_t flags = FI_COMPLETION | (b.posted + 1 < b.ops.size() ? FI_MORE : 0);
+    ssize_t rc;
+    if (op.read) {
+      rc = fi_readmsg(e.ep, &msg, flags);
+    } else {
+      // Not FI_INJECT_COMPLETE, even where the signal makes it safe: a
+      // write must stay ours until the peer has it, so that a failed
+      // transfer is reported once nothing of it can land any more.
+      if (op.signal) {
+        flags |= FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA;
+        msg.data = op.transfer;
+      } else {
+        flags |= FI_TRANSMIT_COMPLETE;
+      }
+      rc = fi_writemsg(e.ep, &msg, flags);
+    }
+    if (rc == -FI_EAGAIN) return;  // the provider needs progress first
+    if (rc != 0) {
+      b.refused_rc = static_cast<int>(rc);
+      return;
+    }
+  }
+}
+
+// mu held. Posted operations are the provider's now; refused ones fail
+// their transfer; the rest go back to the front of their peer's queue.
+void IoEngine::Impl::settle_burst(Burst& b) {
+  for (size_t i = 0; i < b.posted; ++i) {
+    Op* raw = b.ops[i].get();
+    posted.emplace(raw, std::move(b.ops[i]));
+  }
+  if (b.refused_rc != 0) {
+    const Op& op = *b.ops[b.posted];
+    Transfer& t = transfers.find(op.transfer)->second;
+    --t.with_provider;
+    fail_transfer(t, ofi_error(op.read ? "fi_readmsg" : "fi_writemsg", b.refused_rc));
+  }
+  auto p = peers.find(b.peer);
+  const size_t settled = b.posted + (b.refused_rc != 0 ? 1 : 0);
+  for (size_t i = b.ops.size(); i-- > settled;) {
+    auto t = transfers.find(b.ops[i]->transfer);
+    --t->second.with_provider;
+    const bool live = t->second.status.state == TransferState::kInProgress;
+    if (p != peers.end() && live) p->second.queue.push_front(std::move(b.ops[i]));
+  }
+}
+
+// Reads the CQ without mu; what it finished is settled under mu. True when
+// anything completed or landed.
+bool IoEngine::Impl::read_completions(Endpoint& e) {
+  std::vector<Finished> finished;
+  std::vector<TransferId> landed;
   fi_cq_data_entry entries[64];
   while (true) {
     const ssize_t n = fi_cq_read(e.cq, entries, 64);
-    if (n == -FI_EAGAIN) return;
+    if (n == -FI_EAGAIN) break;
     if (n == -FI_EAVAIL) {
       fi_cq_err_entry err{};
-      if (fi_cq_readerr(e.cq, &err, 0) != 1) return;
+      if (fi_cq_readerr(e.cq, &err, 0) != 1) break;
       char detail[256] = {};
       fi_cq_strerror(e.cq, err.prov_errno, err.err_data, detail, sizeof detail);
       auto it = posted.find(static_cast<Op*>(err.op_context));
@@ -321,30 +414,46 @@ void IoEngine::Impl::read_completions(Endpoint& e) {
                              fi_strerror(err.err), detail);
         continue;
       }
-      auto op = std::move(it->second);
+      Finished f{std::move(it->second), Status::ok(), err.err};
       posted.erase(it);
-      const Status failed = Status::unavailable(fmt::format(
-          "{} {}: {} ({})", e.provider, op->read ? "read" : "write", fi_strerror(err.err), detail));
-      finish_op(std::move(op), failed, err.err);
+      f.error = Status::unavailable(fmt::format("{} {}: {} ({})", e.provider,
+                                                f.op->read ? "read" : "write", fi_strerror(err.err),
+                                                detail));
+      finished.push_back(std::move(f));
       continue;
     }
     if (n < 0) {
       logger("mori")->warn("{}: fi_cq_read: {}", e.provider, fi_strerror(int(-n)));
-      return;
+      break;
     }
     for (ssize_t i = 0; i < n; ++i) {
       const fi_cq_data_entry& c = entries[i];
       if (c.flags & FI_REMOTE_CQ_DATA) {  // a peer's transfer has landed here
-        inbound.insert(c.data);
+        landed.push_back(c.data);
         continue;
       }
       auto it = posted.find(static_cast<Op*>(c.op_context));
       if (it == posted.end()) continue;
-      auto op = std::move(it->second);
+      finished.push_back({std::move(it->second), Status::ok(), 0});
       posted.erase(it);
-      finish_op(std::move(op), Status::ok(), 0);
     }
   }
+  if (finished.empty() && landed.empty()) return false;
+  std::lock_guard lock(mu);
+  inbound.insert(landed.begin(), landed.end());
+  for (auto& f : finished) finish_op(std::move(f.op), f.error, f.err);
+  return true;
+}
+
+bool IoEngine::Impl::inbound_traffic() {
+  bool seen_new = false;
+  for (auto& e : endpoints) {
+    if (e->inbound == nullptr) continue;
+    const uint64_t seen = fi_cntr_read(e->inbound);
+    seen_new |= seen != e->inbound_seen;
+    e->inbound_seen = seen;
+  }
+  return seen_new;
 }
 
 void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int err) {
@@ -382,9 +491,12 @@ void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
 // provider cannot cancel it returns when done, within kDrainLimit or not.
 void IoEngine::Impl::cancel_failed() {
   std::set<TransferId> due;
-  for (auto& [id, t] : transfers) {
-    if (t.cancel_due) due.insert(id);
-    t.cancel_due = false;
+  {
+    std::lock_guard lock(mu);
+    for (auto& [id, t] : transfers) {
+      if (t.cancel_due) due.insert(id);
+      t.cancel_due = false;
+    }
   }
   if (due.empty()) return;
   for (auto& [raw, op] : posted) {
@@ -422,8 +534,15 @@ void IoEngine::Impl::fail_peer_locked(const std::string& key, const Status& reas
   notify();
 }
 
+// Failed peers' addresses leave their AV once nothing of theirs is posted.
 void IoEngine::Impl::remove_retired() {
-  std::erase_if(retired, [this](const Retired& r) {
+  std::vector<Retired> due;
+  {
+    std::lock_guard lock(mu);
+    if (retired.empty()) return;
+    due.swap(retired);
+  }
+  std::erase_if(due, [this](const Retired& r) {
     for (const auto& [raw, op] : posted) {
       if (op->endpoint == r.endpoint && op->addr == r.addr) return false;
     }
@@ -431,6 +550,9 @@ void IoEngine::Impl::remove_retired() {
     (void)fi_av_remove(endpoints[r.endpoint]->av, &addr, 1, 0);
     return true;
   });
+  if (due.empty()) return;
+  std::lock_guard lock(mu);
+  retired.insert(retired.end(), due.begin(), due.end());
 }
 
 IoEngine::IoEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -566,17 +688,20 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote) {
       return Status::invalid_argument(
           fmt::format("mori engine '{}': its {} address was not accepted", remote.key, e.provider));
     }
-    std::lock_guard lock(impl_->mu);
-    Impl::Peer& peer = impl_->peers[remote.key];
-    if (peer.addr != FI_ADDR_UNSPEC && peer.addr != addr) {  // registered again: one entry
-      fi_addr_t old = peer.addr;
-      (void)fi_av_remove(impl_->endpoints[peer.endpoint]->av, &old, 1, 0);
+    std::optional<Impl::Retired> replaced;
+    {
+      std::lock_guard lock(impl_->mu);
+      Impl::Peer& peer = impl_->peers[remote.key];
+      if (peer.addr != FI_ADDR_UNSPEC && peer.addr != addr) replaced = {peer.endpoint, peer.addr};
+      peer.desc = remote;
+      peer.endpoint = local;
+      peer.addr = addr;
+      impl_->nonces[remote.nonce] = remote.key;
+      impl_->failures.forget(remote.key);  // a new engine by that key from now on
     }
-    peer.desc = remote;
-    peer.endpoint = local;
-    peer.addr = addr;
-    impl_->nonces[remote.nonce] = remote.key;
-    impl_->failures.forget(remote.key);  // a new engine by that key from now on
+    if (replaced) {  // registered again: one entry
+      (void)fi_av_remove(impl_->endpoints[replaced->endpoint]->av, &replaced->addr, 1, 0);
+    }
     return Status::ok();
   });
 }
@@ -684,6 +809,11 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
     t.addr = p->second.addr;
     t.deadline = Clock::now() + config.transfer_timeout;
     const uint64_t remote_base = e.virt_addr ? remote.base : 0;
+    // Where the peer's endpoint keeps writes in order, the signal may follow
+    // the others at once; else it waits for their completions.
+    const bool ordered = !read && std::all_of(sizes.begin(), sizes.end(), [&](uint64_t size) {
+      return size <= e.ordered_write_bytes;
+    });
     std::vector<std::unique_ptr<Op>> ops;
     for (size_t i = 0; i < sizes.size(); ++i) {
       if (sizes[i] == 0) continue;
@@ -695,6 +825,7 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
       op->length = sizes[i];
       op->remote_addr = remote_base + remote_offsets[i];
       op->key = remote.keys[theirs];
+      op->ordered = ordered;
       ops.push_back(std::move(op));
     }
     if (ops.empty()) {
@@ -703,7 +834,7 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
     }
     if (!read) {  // the last write tells the target, after all the others
       ops.back()->signal = true;
-      if (ops.size() > 1) {
+      if (ops.size() > 1 && !ordered) {
         t.held_signal = std::move(ops.back());
         ops.pop_back();
       }
@@ -750,14 +881,14 @@ void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
 }
 
 // Providers copy peers' bytes into our memory inside the progress thread's
-// provider calls (shm inline writes, tcp), always under mu. Taking mu orders
-// the caller after the round that moved bytes it learnt of, and before the
-// rounds that will move bytes into memory it touched. (An atomic flag would
-// not do: a provider may acknowledge bytes inside a call, before any
-// release that follows it.)
-void IoEngine::acquire_inbound_writes() const { std::lock_guard lock(impl_->mu); }
+// provider calls (shm inline writes, tcp), always in a round under round_mu.
+// Taking round_mu orders the caller after the round that moved bytes it
+// learnt of, and before the rounds that will move bytes into memory it
+// touched. (An atomic flag would not do: a provider may acknowledge bytes
+// inside a call, before any release that follows it.)
+void IoEngine::acquire_inbound_writes() const { std::lock_guard lock(impl_->round_mu); }
 
-void IoEngine::release_to_peers() { std::lock_guard lock(impl_->mu); }
+void IoEngine::release_to_peers() { std::lock_guard lock(impl_->round_mu); }
 
 void IoEngine::set_peer_failure_callback(PeerFailureCallback callback) {
   impl_->failures.set_callback(std::move(callback));

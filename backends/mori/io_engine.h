@@ -7,15 +7,21 @@
 // Data plane: libfabric (OFI) reliable-datagram endpoints (FI_EP_RDM) with
 // RMA. One endpoint per provider the engine opens: `shm` serves peers on
 // this host, `tcp;ofi_rxm` the others (or one provider chosen by option).
-// Every write asks for FI_DELIVERY_COMPLETE, so its completion means the
-// bytes are in the target's memory; the last write of a transfer carries the
-// transfer id as remote CQ data, posted once the others completed, so that
-// the target learns that the whole transfer has landed. One progress thread
-// (progress_thread.h) posts operations and reads the completion queues; it
-// serves inbound traffic too (manual-progress providers move data only when
-// polled), and sleeps in short ticks when idle. Each peer has its own queue
-// of operations to post, so that a peer the provider answers with
-// -FI_EAGAIN holds up no other.
+// The last write of a transfer carries the transfer id as remote CQ data and
+// asks for FI_DELIVERY_COMPLETE: when it completes the target has every
+// byte, and the target learns from that data that the transfer landed. The
+// other writes ask for FI_TRANSMIT_COMPLETE (the peer's endpoint has them:
+// shm writes them straight into the peer's memory, or queues them ahead of
+// the signal). Where the provider keeps writes to a peer in order
+// (FI_ORDER_RMA_WAW: tcp;ofi_rxm) the signal follows them at once; where it
+// does not (shm) it is posted once they all completed (libfabric's FI_FENCE
+// is offered by none of these providers). One progress thread
+// (progress_thread.h) posts operations in bursts (FI_MORE) and reads the
+// completion queues, holding the engine's lock only while it touches the
+// state other threads share; it serves inbound traffic too (manual-progress
+// providers move data only when polled), and sleeps in short ticks when
+// idle. Each peer has its own queue of operations to post, so that a peer
+// the provider answers with -FI_EAGAIN holds up no other.
 #pragma once
 
 #include <chrono>

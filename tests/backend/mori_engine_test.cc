@@ -84,6 +84,43 @@ TEST_P(MoriEngine, TheTargetLearnsThatAWholeTransferLanded) {
 // Keys are drawn at random (64 bits where the provider takes our keys): a
 // peer that knows the engine but not the buffer's descriptor guesses the
 // small integers a counter would have given, and writes nothing.
+// Thousands of small writes (as the naive mode posts), the target asking
+// all the while: the moment it learns the transfer landed, every byte is
+// there, whether the signal followed them at once (tcp keeps writes in
+// order) or waited for their completions (shm).
+TEST_P(MoriEngine, TheTargetLearnsOfManyWritesOnlyOnceEveryByteLanded) {
+  constexpr size_t kWrites = 8192, kSize = 512, kBytes = kWrites * kSize;
+  std::vector<char> src(kBytes), dst(2 * kBytes, 0);  // outlive the engines
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 13 + 5);
+  auto initiator = IoEngine::create(config("initiator", GetParam())).value();
+  auto target = IoEngine::create(config("target", GetParam())).value();
+  const MemoryDesc mine = initiator->register_memory(src.data(), src.size()).value();
+  const MemoryDesc theirs = target->register_memory(dst.data(), dst.size()).value();
+  target->release_to_peers();
+  ASSERT_TRUE(initiator->register_remote_engine(target->desc()).is_ok());
+  ASSERT_TRUE(target->register_remote_engine(initiator->desc()).is_ok());
+  auto session = initiator->create_session(mine, theirs).value();
+  // Every other slot of the destination, last write first.
+  std::vector<uint64_t> local, remote, sizes;
+  for (size_t i = kWrites; i-- > 0;) {
+    local.push_back(i * kSize);
+    remote.push_back(2 * i * kSize);
+    sizes.push_back(kSize);
+  }
+  const TransferId id = initiator->allocate_transfer_id();
+  ASSERT_TRUE(session.batch_write(local, remote, sizes, id).is_ok());
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return target->pop_inbound_transfer_status("initiator", id); }, 20s));
+  target->acquire_inbound_writes();
+  size_t wrong = 0;
+  for (size_t i = 0; i < kWrites; ++i) {
+    wrong += std::memcmp(dst.data() + 2 * i * kSize, src.data() + i * kSize, kSize) != 0;
+  }
+  EXPECT_EQ(wrong, 0u) << "writes missing when the target was told the transfer landed";
+  const TransferStatus st = wait(*initiator, id);
+  EXPECT_EQ(st.state, TransferState::kSuccess) << st.error.to_string();
+}
+
 TEST_P(MoriEngine, AGuessedKeyDoesNotWrite) {
   std::vector<char> src(4096, 'x'), dst(1 << 16, 0);  // outlive the engines
   auto target = IoEngine::create(config("target", GetParam())).value();

@@ -110,6 +110,7 @@ int64_t now_ms() {
 
 constexpr uint32_t kRequests = 300;  // 150 per decode engine, one every 20 ms
 constexpr uint32_t kEngines = 2, kTp = 2;
+constexpr uint32_t kVictimRoomsLeft = 24;  // a killed rank's rooms still to come
 // The limits: named within 3 s, healed within 5 s. A sanitizer build
 // (several times slower in every process) is given twice as long.
 #ifdef PDKV_SANITIZED_BUILD
@@ -182,16 +183,18 @@ class Trial {
       decode_[e].push_back(&worker('b', "decode", engine_id(e), r));
   }
 
-  // Until prefill rank 0 has finished `n` requests (it prints a line each).
-  // One limit for the whole wait, start-up included: on a loaded machine the
-  // first line may take seconds (every process of the trial starting at
-  // once), and a stall later shows as rooms failed before the fault.
-  void await_progress(uint64_t n) {
+  // Until `worker` (prefill rank 0 unless named) has finished `n` requests
+  // (every worker prints a line each). One limit for the whole wait, start-up
+  // included: on a loaded machine the first line may take seconds (every
+  // process of the trial starting at once), and a stall later shows as rooms
+  // failed before the fault.
+  void await_progress(uint64_t n, ChildProcess* worker = nullptr) {
+    if (worker == nullptr) worker = prefill_[0];
     const auto start = std::chrono::steady_clock::now(), end = start + 60s;
     std::string last = "(none)";
     while (std::chrono::steady_clock::now() < end) {
       const std::string line =
-          prefill_[0]->read_line(std::chrono::duration_cast<std::chrono::milliseconds>(
+          worker->read_line(std::chrono::duration_cast<std::chrono::milliseconds>(
               end - std::chrono::steady_clock::now()));
       unsigned long long done = 0;
       if (std::sscanf(line.c_str(), "progress %llu", &done) == 1 && done >= n) return;
@@ -200,8 +203,8 @@ class Trial {
     }
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now() - start);
-    FAIL() << "prefill rank 0 did not reach " << n << " requests in " << waited.count()
-           << " ms; its last line: " << last;
+    FAIL() << "worker pid " << worker->pid() << " did not reach " << n << " requests in "
+           << waited.count() << " ms; its last line: " << last;
   }
 
   void inject();
@@ -233,9 +236,14 @@ void Trial::inject() {
     case Fault::kKillPrefill:
     case Fault::kKillDecode:
       // Late in the run: the rooms after it fail one by one (each finds the
-      // rank gone), so fewer of them keep the trial short.
-      await_progress(kRequests - 16);
+      // rank gone), so fewer of them keep the trial short. The victim's own
+      // progress is watched, not another rank's: a rank that lags (a loaded
+      // machine) could otherwise be counted while the victim had no rooms
+      // left to fail, and then nobody would notice its death.
       victim_ = fault_ == Fault::kKillPrefill ? prefill_[1] : decode_[1][0];
+      await_progress(
+          (fault_ == Fault::kKillPrefill ? kRequests : kRequests / kEngines) - kVictimRoomsLeft,
+          victim_);
       fault_at_ = now_ms();
       victim_->kill_now();
       return;
