@@ -19,8 +19,9 @@
 // (progress_thread.h) posts operations in bursts (FI_MORE) and reads the
 // completion queues, holding the engine's lock only while it touches the
 // state other threads share; it serves inbound traffic too (manual-progress
-// providers move data only when polled), and sleeps in short ticks when
-// idle. Each peer has its own queue of operations to post, so that a peer
+// providers move data only when polled), and when idle waits on the
+// completion queues' descriptors, or polls every millisecond where a
+// provider has none. Each peer has its own queue of operations to post, so that a peer
 // the provider answers with -FI_EAGAIN holds up no other.
 #pragma once
 
