@@ -220,6 +220,7 @@ class Trial {
   ChildProcess* victim_ = nullptr;                  // killed: no summary expected
   int64_t fault_at_ = 0, over_at_ = 0;              // epoch ms
   bool registered_again_ = false;                   // kBootstrap: every engine, in time
+  std::string last_lookup_;                         // kBootstrap: what the last lookup said
   // Every surviving worker's summary and exit status, with its name.
   struct Outcome {
     std::string name;
@@ -283,14 +284,22 @@ void Trial::inject() {
       // The new service knows nobody; every rank registers again by itself,
       // after which a new lookup of any engine succeeds.
       // (Asked from host B, as a decode rank would ask.)
+      // Each lookup's own deadline grows with the build's slowdown: under a
+      // sanitizer's load a 0.5 s call could time out however early the ranks
+      // had registered again.
+      const std::string lookup_timeout = std::to_string(0.5 * kSlowdown);
       registered_again_ = testing::poll_until(
           [&] {
             for (const char* engine : {"prefill", "decode-0", "decode-1"}) {
-              const auto r = testing::run_command("ip netns exec " + hosts_.ns('b') + " " +
-                                                  PDKV_BIN + " topology --bootstrap " + address_ +
-                                                  " --engine " + engine + " --timeout 0.5");
+              const auto r = testing::run_command(
+                  "ip netns exec " + hosts_.ns('b') + " " + PDKV_BIN + " topology --bootstrap " +
+                  address_ + " --engine " + engine + " --timeout " + lookup_timeout);
               const auto j = nlohmann::json::parse(r.out, nullptr, false);
-              if (r.exit_code != 0 || j.is_discarded() || j["ranks"].size() != kTp) return false;
+              if (r.exit_code != 0 || j.is_discarded() || j["ranks"].size() != kTp) {
+                last_lookup_ = std::string(engine) + ": exit " + std::to_string(r.exit_code) +
+                               ": " + r.out + r.err;
+                return false;
+              }
             }
             return true;
           },
@@ -403,8 +412,8 @@ void Trial::check(Figures& figures) {
       // was away, and every rank registered again once it was back.
       EXPECT_TRUE(failures.empty()) << first;
       EXPECT_GT(successes_during, 0u) << "no room succeeded while the service was away";
-      EXPECT_TRUE(registered_again_)
-          << "the restarted service did not learn every rank in " << kRecoverLimitMs << " ms";
+      EXPECT_TRUE(registered_again_) << "the restarted service did not learn every rank in "
+                                     << kRecoverLimitMs << " ms; the last lookup: " << last_lookup_;
       return;
     case Fault::kKillPrefill:
     case Fault::kKillDecode: {
