@@ -21,8 +21,8 @@
 // state other threads share; it serves inbound traffic too (manual-progress
 // providers move data only when polled), and when idle waits on the
 // completion queues' descriptors, or polls every millisecond where a
-// provider has none. Each peer has its own queue of operations to post, so that a peer
-// the provider answers with -FI_EAGAIN holds up no other.
+// provider has none. Each peer has its own queue of operations to post, so
+// that a peer the provider answers with -FI_EAGAIN holds up no other.
 #pragma once
 
 #include <chrono>

@@ -119,6 +119,9 @@ constexpr int64_t kSlowdown = 2;
 constexpr int64_t kSlowdown = 1;
 #endif
 constexpr int64_t kDetectLimitMs = 3000 * kSlowdown, kRecoverLimitMs = 5000 * kSlowdown;
+// One bootstrap lookup by the test itself: a fixed 0.5 s timed out under a
+// sanitizer's load however early the ranks had registered again.
+constexpr int64_t kLookupTimeoutMs = 500 * kSlowdown;
 
 // What one trial measured.
 struct Figures {
@@ -284,10 +287,7 @@ void Trial::inject() {
       // The new service knows nobody; every rank registers again by itself,
       // after which a new lookup of any engine succeeds.
       // (Asked from host B, as a decode rank would ask.)
-      // Each lookup's own deadline grows with the build's slowdown: under a
-      // sanitizer's load a 0.5 s call could time out however early the ranks
-      // had registered again.
-      const std::string lookup_timeout = std::to_string(0.5 * kSlowdown);
+      const std::string lookup_timeout = std::to_string(kLookupTimeoutMs / 1000.0);
       registered_again_ = testing::poll_until(
           [&] {
             for (const char* engine : {"prefill", "decode-0", "decode-1"}) {
