@@ -13,7 +13,9 @@
 #include "bootstrap/client.h"
 #include "engine/routing.h"
 #include "pdkv.grpc.pb.h"
+#include "pdkv/bootstrap.h"
 #include "support/cluster.h"
+#include "support/rooms.h"
 
 namespace pdkv {
 namespace {
@@ -22,6 +24,7 @@ using namespace std::chrono_literals;
 using testing::Cluster;
 using testing::ClusterSpec;
 using testing::first_pages;
+using testing::poll_until;
 
 class Bounds : public ::testing::Test {
  protected:
@@ -32,10 +35,13 @@ class Bounds : public ::testing::Test {
     l.watches_per_peer = 1;
     return l;
   }
+  // What else a test's cluster needs (faults, timeouts).
+  virtual void adjust(ClusterSpec&) const {}
   void SetUp() override {
     ClusterSpec spec;
     spec.limits = limits();
     spec.timeouts.bootstrap = 3s;
+    adjust(spec);
     cluster_ = Cluster::start(spec);
     ASSERT_NE(cluster_, nullptr);
     bootstrap::Client client(cluster_->bootstrap_address(), Security{});
@@ -155,6 +161,62 @@ TEST_F(Bounds, WatchStreamsPerPeerAreBounded) {
             "(Limits::watches_per_peer)");
   EXPECT_EQ(statuses[1 - refused].error_code(), grpc::StatusCode::CANCELLED)
       << "the stream counted first was held: " << statuses[1 - refused].error_message();
+}
+
+// One control call at a time: a decode rank's abort, held at the prefill
+// rank while its stalled batch is in flight, fills the bound; a call
+// meanwhile is refused naming it, and once the abort is answered the next
+// is served again.
+class ControlCallBounds : public Bounds {
+ protected:
+  Limits limits() const override {
+    Limits l;
+    l.control_calls = 1;
+    l.page_list = 4;  // the probe's TransferInfo is refused by the engine when served
+    return l;
+  }
+  void adjust(ClusterSpec& spec) const override {
+    spec.prefill_faults = parse_faults({"stall_batch=1", "seed=1"}).value();
+    spec.timeouts.transfer = 3s;  // a stalled batch is ended after this
+  }
+  // What the prefill rank says to a call it serves; another text when full.
+  std::string probe() { return send_info(99, 5).error_message(); }
+  const std::string served_ =
+      "room 99: decode dp 0 tp 0 pp 0 lists 5 pages, more than 4 (Limits::page_list)";
+  const std::string refused_ = "1 control calls are being served here (Limits::control_calls)";
+};
+
+TEST_F(ControlCallBounds, CallsBeyondTheBoundAreRefusedWhileOneIsServed) {
+  EXPECT_EQ(probe(), served_);
+  auto room = testing::open_room(*cluster_, 4, 3, /*send=*/true);
+  ASSERT_TRUE(poll_until([&] { return cluster_->prefill[0]->stats().batches_in_flight == 1; }));
+  room.receivers[0]->abort("client went away");
+  // The abort travels on its own; once it is held, a probe is refused.
+  std::string answer;
+  EXPECT_TRUE(poll_until([&] { return (answer = probe()) == refused_; }, 10s)) << answer;
+  // Once the stalled batch ends (the transfer timeout) the abort is
+  // answered and no longer counts.
+  EXPECT_TRUE(poll_until([&] { return (answer = probe()) == served_; }, 20s)) << answer;
+  EXPECT_TRUE(poll_until([&] { return room.receivers[0]->poll() == PollState::kFailed; }, 20s));
+}
+
+TEST(ReplayCacheBound, ACallBeyondTheCacheIsRefusedNamingTheLimit) {
+  Security security;
+  security.secret = "0123456789abcdef-cluster-secret";
+  Limits limits;
+  limits.replay_cache = 2;
+  auto server = std::move(BootstrapServer::start("127.0.0.1:0", security, limits)).value();
+  bootstrap::Client client("127.0.0.1:" + std::to_string(server->port()), security);
+  // Each call is signed with a fresh nonce, remembered for the clock-skew
+  // window either side (2 x 30 s, longer than this test).
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(client.topology("nobody", 0, 5s).status().code(), StatusCode::kNotFound);
+  }
+  const Status third = client.topology("nobody", 0, 5s).status();
+  EXPECT_EQ(third.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(third.message(), "bootstrap 127.0.0.1:" + std::to_string(server->port()) +
+                                 " GetTopology: bootstrap: 2 calls within 60000 ms fill the "
+                                 "replay cache (Limits::replay_cache 2)");
 }
 
 }  // namespace
