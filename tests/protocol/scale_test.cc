@@ -84,7 +84,9 @@ TEST(Scale, AnEnginesThreadsDoNotGrowWithItsPeers) {
   std::printf("process threads: %zu with 65 engines up, %zu after a room to 64 peers\n", before,
               after);
   // 64 new links (and 64 on the decode side back) would be 128 threads.
-  EXPECT_LE(after, before + 16) << "threads grew with the peers";
+  // gRPC's pool grows with load by itself (18 threads in one sanitizer run
+  // of CI), so the process may grow by less than one thread per peer.
+  EXPECT_LE(after, before + 48) << "threads grew with the peers";
 }
 
 TEST(Scale, TheLoopsWorkFollowsTheEventsNotTheOpenRooms) {
