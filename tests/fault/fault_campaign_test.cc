@@ -302,7 +302,7 @@ void Trial::inject() {
         const auto j = nlohmann::json::parse(r.out.substr(at, end - at), nullptr, false);
         if (!j.is_discarded() && j["ranks"].size() == kTp) ++whole;
       }
-      registered_again_ = r.exit_code == 0 && whole == 3;
+      registered_again_ = r.exit_code == 0 && whole == kEngines + 1;  // prefill and each decode
       last_lookup_ = "exit " + std::to_string(r.exit_code) + ": " + r.out + r.err;
       return;
     }

@@ -13,19 +13,16 @@ namespace {
 
 using namespace std::chrono_literals;
 
-template <typename... Args>
-proto::RankInfo rank(Args... args) {
-  return testing::registered_rank(args...);
-}
+using testing::registered_rank;
 
 TEST(BootstrapRegistry, TopologyUnavailableUntilEveryRankRegistered) {
   bootstrap::Registry reg;
   EXPECT_EQ(reg.topology("prefill-a", 0).status().code(), StatusCode::kNotFound);
-  ASSERT_TRUE(reg.register_rank(rank(1, 2)).is_ok());
+  ASSERT_TRUE(reg.register_rank(registered_rank(1, 2)).is_ok());
   auto partial = reg.topology("prefill-a", 0);
   EXPECT_EQ(partial.status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(partial.status().message(), "engine 'prefill-a' dp 0: 1 of 2 ranks registered");
-  ASSERT_TRUE(reg.register_rank(rank(0, 2)).is_ok());
+  ASSERT_TRUE(reg.register_rank(registered_rank(0, 2)).is_ok());
   auto full = reg.topology("prefill-a", 0).value();
   ASSERT_EQ(full.size(), 2u);
   EXPECT_EQ(full[0].tp_rank(), 0u);  // ordered by (pp, tp)
@@ -37,12 +34,12 @@ TEST(BootstrapRegistry, TopologyUnavailableUntilEveryRankRegistered) {
 // (a process that was frozen, then replaced, thaws and renews).
 TEST(BootstrapRegistry, ARenewalRestoresARankButNeverDisplacesItsSuccessor) {
   bootstrap::Registry reg;
-  auto first = rank(0, 1);
+  auto first = registered_rank(0, 1);
   auto renewed = reg.register_rank(first, /*renewal=*/true);  // a restarted service
   ASSERT_TRUE(renewed.is_ok()) << renewed.status().message();
   EXPECT_FALSE(renewed->replaced);
   EXPECT_TRUE(reg.register_rank(first, /*renewal=*/true).value().replaced);
-  auto successor = rank(0, 1);
+  auto successor = registered_rank(0, 1);
   successor.set_incarnation(2);
   successor.set_control_address("127.0.0.1:7100");
   ASSERT_TRUE(reg.register_rank(successor).is_ok());  // a restart replaces
@@ -55,18 +52,18 @@ TEST(BootstrapRegistry, ARenewalRestoresARankButNeverDisplacesItsSuccessor) {
 
 TEST(BootstrapRegistry, MismatchedSpecRefusedNamingBothValues) {
   bootstrap::Registry reg;
-  ASSERT_TRUE(reg.register_rank(rank(0, 2)).is_ok());
-  auto bad = rank(1, 2);
+  ASSERT_TRUE(reg.register_rank(registered_rank(0, 2)).is_ok());
+  auto bad = registered_rank(1, 2);
   bad.mutable_kv_spec()->set_page_size(32);
   EXPECT_EQ(reg.register_rank(bad).status().message(),
             "prefill-a dp 0 tp 1 pp 0 registers page_size 32 but prefill-a dp 0 tp 0 pp 0 "
             "registered 16");
-  bad = rank(1, 2);
+  bad = registered_rank(1, 2);
   bad.set_backend("nixl");
   EXPECT_EQ(reg.register_rank(bad).status().message(),
             "prefill-a dp 0 tp 1 pp 0 registers backend nixl but prefill-a dp 0 tp 0 pp 0 "
             "registered loopback");
-  bad = rank(1, 2);
+  bad = registered_rank(1, 2);
   bad.mutable_kv_spec()->set_layout(proto::LAYOUT_HND);
   EXPECT_EQ(reg.register_rank(bad).status().message(),
             "prefill-a dp 0 tp 1 pp 0 registers layout hnd but prefill-a dp 0 tp 0 pp 0 "
@@ -75,7 +72,7 @@ TEST(BootstrapRegistry, MismatchedSpecRefusedNamingBothValues) {
                       +[](proto::RankInfo& r) { r.mutable_kv_spec()->set_head_dim(64); },
                       +[](proto::RankInfo& r) { r.mutable_kv_spec()->set_total_heads(4); },
                       +[](proto::RankInfo& r) { r.set_tp_size(4); }}) {
-    bad = rank(1, 2);
+    bad = registered_rank(1, 2);
     mutate(bad);
     EXPECT_EQ(reg.register_rank(bad).status().code(), StatusCode::kInvalidArgument);
   }
@@ -85,16 +82,16 @@ TEST(BootstrapRegistry, MismatchedSpecRefusedNamingBothValues) {
 
 TEST(BootstrapRegistry, RankOutsideItsSizes) {
   bootstrap::Registry reg;
-  EXPECT_EQ(reg.register_rank(rank(2, 2)).status().message(),
+  EXPECT_EQ(reg.register_rank(registered_rank(2, 2)).status().message(),
             "prefill-a dp 0 tp 2 pp 0: tp rank 2 is outside tp size 2");
-  EXPECT_EQ(reg.register_rank(rank(0, 1, 0, 1, 30, 4)).status().message(),
+  EXPECT_EQ(reg.register_rank(registered_rank(0, 1, 0, 1, 30, 4)).status().message(),
             "prefill-a dp 0 tp 0 pp 0: layers [30, 34) outside the model's 32");
 }
 
 TEST(BootstrapRegistry, RestartReplacesTheEntry) {
   bootstrap::Registry reg;
-  EXPECT_FALSE(reg.register_rank(rank(0, 1)).value().replaced);
-  auto again = rank(0, 1);
+  EXPECT_FALSE(reg.register_rank(registered_rank(0, 1)).value().replaced);
+  auto again = registered_rank(0, 1);
   again.set_incarnation(2);
   again.set_control_address("127.0.0.1:9999");
   EXPECT_TRUE(reg.register_rank(again).value().replaced);
@@ -106,12 +103,12 @@ TEST(BootstrapRegistry, RestartReplacesTheEntry) {
 
 TEST(BootstrapRegistry, PipelineStagesMustCoverTheLayers) {
   bootstrap::Registry reg;
-  ASSERT_TRUE(reg.register_rank(rank(0, 1, 0, 2, 0, 16)).is_ok());
-  ASSERT_TRUE(reg.register_rank(rank(0, 1, 1, 2, 20, 12)).is_ok());
+  ASSERT_TRUE(reg.register_rank(registered_rank(0, 1, 0, 2, 0, 16)).is_ok());
+  ASSERT_TRUE(reg.register_rank(registered_rank(0, 1, 1, 2, 20, 12)).is_ok());
   EXPECT_EQ(reg.topology("prefill-a", 0).status().message(),
             "engine 'prefill-a' dp 0: prefill PP stage 1 starts at 20 but prefill PP stage 0 "
             "ends at 16: ranges of layers must be consecutive");
-  ASSERT_TRUE(reg.register_rank(rank(0, 1, 1, 2, 16, 16)).is_ok());  // restart, fixed
+  ASSERT_TRUE(reg.register_rank(registered_rank(0, 1, 1, 2, 16, 16)).is_ok());  // restart, fixed
   EXPECT_EQ(reg.topology("prefill-a", 0).value().size(), 2u);
 }
 
@@ -120,20 +117,21 @@ TEST(Registry, EnginesAndTheirSizesAreBounded) {
   limits.engines = 1;
   limits.ranks_per_engine = 4;
   bootstrap::Registry reg(limits);
-  ASSERT_TRUE(reg.register_rank(rank(0, 4)).is_ok());
-  const Status big = reg.register_rank(rank(0, 8)).status();
+  ASSERT_TRUE(reg.register_rank(registered_rank(0, 4)).is_ok());
+  const Status big = reg.register_rank(registered_rank(0, 8)).status();
   EXPECT_EQ(big.code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(big.message(),
             "prefill-a dp 0 tp 0 pp 0: an engine of 8 ranks (tp 8 x pp 1 x dp 1) is more than 4 "
             "(Limits::ranks_per_engine)");
-  auto other = rank(0, 1);
+  auto other = registered_rank(0, 1);
   other.set_engine_id("prefill-b");
   const Status more = reg.register_rank(other).status();
   EXPECT_EQ(more.code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(more.message(),
             "prefill-b dp 0 tp 0 pp 0: 1 engines (and dp ranks) are registered already "
             "(Limits::engines)");
-  EXPECT_TRUE(reg.register_rank(rank(1, 4)).is_ok());  // the known engine still registers
+  EXPECT_TRUE(
+      reg.register_rank(registered_rank(1, 4)).is_ok());  // the known engine still registers
 }
 
 class BootstrapOverGrpc : public ::testing::Test {
@@ -148,17 +146,17 @@ class BootstrapOverGrpc : public ::testing::Test {
 
 TEST_F(BootstrapOverGrpc, RegisterThenTopology) {
   bootstrap::Client client(address_, Security{});
-  EXPECT_FALSE(client.register_rank(rank(0, 2), 2s).value());
+  EXPECT_FALSE(client.register_rank(registered_rank(0, 2), 2s).value());
   EXPECT_EQ(client.topology("prefill-a", 0, 2s).status().code(), StatusCode::kUnavailable);
-  EXPECT_FALSE(client.register_rank(rank(1, 2), 2s).value());
+  EXPECT_FALSE(client.register_rank(registered_rank(1, 2), 2s).value());
   auto topo = client.topology("prefill-a", 0, 2s).value();
   EXPECT_EQ(topo.size(), 2u);
 }
 
 TEST_F(BootstrapOverGrpc, RefusalKeepsCodeAndMessage) {
   bootstrap::Client client(address_, Security{});
-  ASSERT_TRUE(client.register_rank(rank(0, 2), 2s).is_ok());
-  auto bad = rank(1, 2);
+  ASSERT_TRUE(client.register_rank(registered_rank(0, 2), 2s).is_ok());
+  auto bad = registered_rank(1, 2);
   bad.mutable_kv_spec()->set_head_dim(64);
   const Status st = client.register_rank(bad, 2s).status();
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
@@ -169,7 +167,7 @@ TEST_F(BootstrapOverGrpc, RefusalKeepsCodeAndMessage) {
 
 TEST_F(BootstrapOverGrpc, IncompleteEngineIsUnavailableSayingHowFar) {
   bootstrap::Client client(address_, Security{});
-  ASSERT_TRUE(client.register_rank(rank(0, 2), 2s).is_ok());
+  ASSERT_TRUE(client.register_rank(registered_rank(0, 2), 2s).is_ok());
   const Status st = client.topology("prefill-a", 0, 2s).status();
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
   EXPECT_NE(st.message().find("1 of 2 ranks registered"), std::string::npos) << st.message();

@@ -28,20 +28,17 @@ using testing::poll_until;
 
 class Bounds : public ::testing::Test {
  protected:
-  virtual Limits limits() const {
-    Limits l;
-    l.page_list = 4;
-    l.early_rooms = 2;
-    l.watches_per_peer = 1;
-    return l;
+  // The bounds under test (the rest default), and what else the cluster
+  // needs (faults, timeouts).
+  virtual void shape(ClusterSpec& spec) const {
+    spec.limits.page_list = 4;
+    spec.limits.early_rooms = 2;
+    spec.limits.watches_per_peer = 1;
   }
-  // What else a test's cluster needs (faults, timeouts).
-  virtual void adjust(ClusterSpec&) const {}
   void SetUp() override {
     ClusterSpec spec;
-    spec.limits = limits();
     spec.timeouts.bootstrap = 3s;
-    adjust(spec);
+    shape(spec);
     cluster_ = Cluster::start(spec);
     ASSERT_NE(cluster_, nullptr);
     bootstrap::Client client(cluster_->bootstrap_address(), Security{});
@@ -92,11 +89,7 @@ TEST_F(Bounds, RoomsOpenedByEarlyMessagesAreBounded) {
 
 class LookupBounds : public Bounds {
  protected:
-  Limits limits() const override {
-    Limits l;
-    l.pending_lookups = 1;
-    return l;
-  }
+  void shape(ClusterSpec& spec) const override { spec.limits.pending_lookups = 1; }
 };
 
 TEST_F(LookupBounds, LookupsOfUnknownEnginesAreBounded) {
@@ -169,13 +162,9 @@ TEST_F(Bounds, WatchStreamsPerPeerAreBounded) {
 // is served again.
 class ControlCallBounds : public Bounds {
  protected:
-  Limits limits() const override {
-    Limits l;
-    l.control_calls = 1;
-    l.page_list = 4;  // the probe's TransferInfo is refused by the engine when served
-    return l;
-  }
-  void adjust(ClusterSpec& spec) const override {
+  void shape(ClusterSpec& spec) const override {
+    spec.limits.control_calls = 1;
+    spec.limits.page_list = 4;  // the probe's TransferInfo is refused by the engine when served
     spec.prefill_faults = parse_faults({"stall_batch=1", "seed=1"}).value();
     spec.timeouts.transfer = 3s;  // a stalled batch is ended after this
   }
