@@ -2,18 +2,30 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <map>
 #include <mutex>
 
 namespace pdkv {
 
+// The loggers are kept here as well as in spdlog's registry, and this map
+// is never destroyed: an engine's threads may still log while the process
+// exits (exit() with an engine alive), after spdlog's registry, a static,
+// has gone. A logger found here touches no registry. One made for the
+// first time goes through the registry, which gives it the levels of
+// load_env_levels() (SPDLOG_LEVEL).
 std::shared_ptr<spdlog::logger> logger(const std::string& component) {
-  static std::mutex mu;
-  std::lock_guard lock(mu);
-  if (auto existing = spdlog::get(component)) return existing;
-  auto created = spdlog::stderr_color_mt(component);
-  // Loggers made after load_env_levels() take its level too.
-  created->set_level(spdlog::get_level());
-  created->set_pattern("[%H:%M:%S.%e] [%n] [%l] %v");
+  static auto* mu = new std::mutex;
+  static auto* made = new std::map<std::string, std::shared_ptr<spdlog::logger>, std::less<>>;
+  std::lock_guard lock(*mu);
+  if (auto it = made->find(component); it != made->end()) return it->second;
+  auto created = spdlog::get(component);
+  if (!created) {
+    created = spdlog::stderr_color_mt(component);
+    // Loggers made after load_env_levels() take its level too.
+    created->set_level(spdlog::get_level());
+    created->set_pattern("[%H:%M:%S.%e] [%n] [%l] %v");
+  }
+  made->emplace(component, created);
   return created;
 }
 

@@ -1,5 +1,6 @@
 // One spdlog logger per component ("bootstrap", "engine", ...), all on stderr,
-// created on first use.
+// created on first use and kept to the end of the process, past spdlog's
+// registry (log.cc).
 #pragma once
 
 #include <spdlog/spdlog.h>

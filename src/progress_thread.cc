@@ -8,30 +8,65 @@ void ProgressThread::start(Driver driver) {
   driver_ = std::move(driver);
   std::promise<void> started;
   auto ready = started.get_future();
+  exited_ = std::promise<void>();
+  left_loop_ = exited_.get_future();
   thread_ = std::thread([this, &started] {
     id_ = std::this_thread::get_id();
     started.set_value();
     loop();
+    exited_.set_value();
   });
   ready.wait();  // id_ is set before anyone asks on_this_thread()
 }
 
-void ProgressThread::stop(std::chrono::milliseconds drain_limit) {
+bool ProgressThread::stop(std::chrono::milliseconds drain_limit,
+                          const std::function<bool()>& stuck) {
   {
     std::lock_guard lock(mu_);
-    if (!thread_.joinable() || stopping_) return;
+    if (abandoned_) return false;
+    if (!thread_.joinable() || stopping_) return true;
     stopping_ = true;
     drain_until_ = Clock::now() + drain_limit;
   }
   cv_.notify_all();
   if (driver_.wake) driver_.wake();
+  if (stuck) {
+    while (left_loop_.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      if (stuck()) {
+        abandon();
+        return false;
+      }
+    }
+  }
   thread_.join();
+  return true;
+}
+
+void ProgressThread::abandon() {
+  std::deque<std::function<void()>> dropped;
+  {
+    std::lock_guard lock(mu_);
+    if (abandoned_ || !thread_.joinable()) return;
+    abandoned_ = true;
+    dropped.swap(tasks_);
+    thread_.detach();  // the owner keeps what the stuck call touches alive
+  }
+}
+
+bool ProgressThread::abandoned() const {
+  std::lock_guard lock(mu_);
+  return abandoned_;
+}
+
+Status ProgressThread::refusal() const {
+  return abandoned() ? Status::aborted(name_ + " is stuck in its library and was given up")
+                     : Status::aborted(name_ + " is shutting down");
 }
 
 bool ProgressThread::post(std::function<void()> task) {
   {
     std::lock_guard lock(mu_);
-    if (stopping_ && !on_this_thread()) return false;
+    if (abandoned_ || (stopping_ && !on_this_thread())) return false;
     tasks_.push_back(std::move(task));
   }
   cv_.notify_one();

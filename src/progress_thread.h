@@ -20,6 +20,12 @@
 //
 // Locks: the helper's own mutex guards only its queue; it is never held
 // while anything else runs, so a backend may post() under its own lock.
+//
+// A thread stuck for good inside a library call (mori: libfabric 1.17's shm
+// provider spinning on a lock that a killed peer held) can be abandoned:
+// its queue is dropped, later post()s and run()s are refused, run()s
+// waiting are answered, and stop() no longer waits for it. Its owner keeps
+// alive whatever the stuck call may still touch.
 #pragma once
 
 #include <chrono>
@@ -61,11 +67,19 @@ class ProgressThread {
   void start(Driver driver);
   // Runs what is queued, lets what is in flight finish (busy() false, or
   // `drain_limit` passed), then joins. Later post()s are dropped, later
-  // run()s answer kAborted.
-  void stop(std::chrono::milliseconds drain_limit = std::chrono::seconds(2));
+  // run()s answer kAborted. With `stuck`, asked every 100 ms while the
+  // thread has not ended: once it says true the thread is abandoned, and
+  // stop() returns false (as it does for a thread abandoned before).
+  bool stop(std::chrono::milliseconds drain_limit = std::chrono::seconds(2),
+            const std::function<bool()>& stuck = {});
+
+  // Gives the thread up (see above); the tasks queued are dropped unrun.
+  // For the owner only, once it knows the thread cannot come back.
+  void abandon();
+  bool abandoned() const;
 
   bool on_this_thread() const { return std::this_thread::get_id() == id_; }
-  // Queues `task`; false (and it is dropped) once stopping.
+  // Queues `task`; false (and it is dropped) once stopping or abandoned.
   bool post(std::function<void()> task);
 
   // Runs `task` on the progress thread and returns its result: a Status or a
@@ -80,28 +94,38 @@ class ProgressThread {
     }
     std::packaged_task<R()> job(std::forward<F>(task));
     auto result = job.get_future();
-    if (!post([&job] { job(); })) return R(Status::aborted(name_ + " is shutting down"));
+    if (!post([&job] { job(); })) return R(refusal());
+    // Woken now and then to see whether the thread was abandoned meanwhile
+    // (its queue, with this job, is then dropped unrun).
+    while (result.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      if (abandoned()) return R(refusal());
+    }
     return result.get();
   }
 
  private:
   void loop();
+  Status refusal() const;
 
   const std::string name_;
   Driver driver_;
   std::thread::id id_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
   bool stopping_ = false;
+  bool abandoned_ = false;
   std::chrono::steady_clock::time_point drain_until_;  // set before stopping_
+  std::promise<void> exited_;                          // set by the thread as it leaves its loop
+  std::future<void> left_loop_;
   std::thread thread_;
 };
 
 // The failures of a backend's peers, each reported once: the record of
 // which peers failed and why (later writes to them are refused with that
 // reason), and the delivery of the user's callback on the progress thread,
-// with no backend lock held. The record keeps the most recent kKept
+// with no backend lock held (or, once that thread is abandoned, by its
+// owner: deliver_pending()). The record keeps the most recent kKept
 // failures, so that it does not grow with every peer a long-lived process
 // ever lost; peers' keys are never reused unless the backend says so
 // (forget()).
@@ -130,10 +154,24 @@ class PeerFailures {
         order_.pop_front();
       }
       callback = callback_;
+      if (callback && *callback) pending_.push_back({peer, reason});
     }
-    if (callback && *callback)
-      thread_.post([callback, peer, reason] { (*callback)(peer, reason); });
+    if (callback && *callback) thread_.post([this] { deliver_pending(); });
     return true;
+  }
+  // Runs the callback for each failure reported and not yet delivered, on
+  // the calling thread: the progress thread, or the owner of an abandoned
+  // one, with no backend lock held.
+  void deliver_pending() {
+    std::shared_ptr<Callback> callback;
+    std::deque<std::pair<PeerKey, Status>> due;
+    {
+      std::lock_guard lock(mu_);
+      callback = callback_;
+      due.swap(pending_);
+    }
+    if (!callback || !*callback) return;
+    for (const auto& [peer, reason] : due) (*callback)(peer, reason);
   }
   std::optional<Status> failure(const PeerKey& peer) const {
     std::lock_guard lock(mu_);
@@ -153,7 +191,8 @@ class PeerFailures {
   mutable std::mutex mu_;
   std::shared_ptr<Callback> callback_;
   std::map<PeerKey, Status> failed_;
-  std::deque<PeerKey> order_;  // oldest first
+  std::deque<PeerKey> order_;                       // oldest first
+  std::deque<std::pair<PeerKey, Status>> pending_;  // reported, not yet delivered
 };
 
 }  // namespace pdkv

@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -60,8 +61,8 @@ void remove_stale_shm_region(fid_ep* ep) {
   size_t length = sizeof buffer - 1;
   if (fi_getname(&ep->fid, buffer, &length) != 0) return;
   std::string name(buffer, strnlen(buffer, sizeof buffer - 1));
+  if (shm_address_pid(name) != ::getpid()) return;  // not ours: never touched
   if (const size_t slash = name.rfind('/'); slash != std::string::npos) name.erase(0, slash + 1);
-  if (name.rfind(std::to_string(::getpid()) + ":", 0) != 0) return;  // not ours: never touched
   const std::string file = "/dev/shm/" + name;
   if (::unlink(file.c_str()) == 0) {
     logger("mori")->info("removed {}, a shared-memory region a killed process of this pid left",
@@ -70,6 +71,17 @@ void remove_stale_shm_region(fid_ep* ep) {
 }
 
 }  // namespace
+
+pid_t shm_address_pid(std::string_view address) {
+  if (const size_t slash = address.rfind('/'); slash != std::string_view::npos) {
+    address.remove_prefix(slash + 1);
+  }
+  const std::string_view digits = address.substr(0, address.find(':'));
+  if (digits.empty() || digits.size() == address.size()) return -1;
+  pid_t pid = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+  return ec == std::errc() && end == digits.data() + digits.size() && pid > 0 ? pid : -1;
+}
 
 bool Endpoint::fence(const std::string& peer_address) {
   if (!can_fence) return false;

@@ -7,8 +7,10 @@
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 
+#include <sys/types.h>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "pdkv/status.h"
 
@@ -16,6 +18,11 @@ namespace pdkv::backends::mori {
 
 // kInternal "what: <fi_strerror(rc)>".
 Status ofi_error(const std::string& what, int rc);
+
+// The process an shm endpoint's address names: shm calls its region after
+// the process ("<pid>:<uid>:<index>", maybe behind "fi_shm://"); -1 when
+// the address is not of that form.
+pid_t shm_address_pid(std::string_view address);
 
 // Touched only on the engine's progress thread once the engine runs.
 struct Endpoint {

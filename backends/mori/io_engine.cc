@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -26,6 +27,7 @@
 #include "fabric_endpoint.h"
 #include "host_identity.h"
 #include "log.h"
+#include "peer_process.h"
 #include "progress_thread.h"
 
 namespace pdkv::backends::mori {
@@ -58,6 +60,9 @@ constexpr size_t kPostBurst = 256;
 // A failed transfer's operations still with the provider are cancelled; it
 // is over when the provider has returned them all, or after this long.
 constexpr auto kDrainLimit = std::chrono::milliseconds(1000);
+// A post that waits this long on a peer whose process is gone is stuck for
+// good (peer_process.h): the engine gives its progress thread up.
+constexpr auto kStuckLimit = std::chrono::milliseconds(1000);
 
 // Errors that mean the peer is gone (or cannot be reached), not a bad request.
 bool peer_is_gone(int err) {
@@ -107,8 +112,9 @@ struct IoEngine::Impl {
     EngineDesc desc;
     size_t endpoint = 0;
     fi_addr_t addr = FI_ADDR_UNSPEC;
-    std::deque<std::unique_ptr<Op>> queue;  // to post, in order: its own, so that a
-                                            // peer the provider stalls stalls no other
+    std::deque<std::unique_ptr<Op>> queue;       // to post, in order: its own, so that a
+                                                 // peer the provider stalls stalls no other
+    std::shared_ptr<const PeerProcess> process;  // shm peers' process, watched
   };
   // A failed peer's address, removed from its AV once no operation of its
   // transfers is with the provider.
@@ -137,6 +143,7 @@ struct IoEngine::Impl {
   struct Burst {
     std::string peer;
     size_t endpoint = 0;
+    std::shared_ptr<const PeerProcess> process;
     std::vector<std::unique_ptr<Op>> ops;
     size_t posted = 0;   // ops[0, posted) went to the provider
     int refused_rc = 0;  // else: it refused ops[posted] with this, and the burst stopped
@@ -166,7 +173,14 @@ struct IoEngine::Impl {
 
   // Held by the progress thread for each round of provider calls, in which
   // providers copy peers' bytes into our memory; see acquire_inbound_writes.
-  std::mutex round_mu;
+  // Timed: a round stuck for good holds it for good (wait_round).
+  std::timed_mutex round_mu;
+
+  // The progress thread's post to a watched peer, and whether the engine
+  // gave the thread up, stuck in one (give_up_if_stuck).
+  PostWatch post_watch;
+  std::atomic<bool> lost{false};
+  std::thread late_reports;  // delivers the failures reported as it gave up
 
   // mu guards what other threads share with the progress thread, and is
   // held only while that state is read or changed, never across a call
@@ -192,6 +206,9 @@ struct IoEngine::Impl {
   }
 
   void start_thread();
+  // Any thread, no lock held: true once the progress thread is given up.
+  bool give_up_if_stuck();
+  void wait_round();
   bool progress();  // one pass, on the progress thread
   bool busy();
   void idle_wait(std::chrono::microseconds limit);
@@ -214,6 +231,7 @@ struct IoEngine::Impl {
   Result<std::pair<size_t, size_t>> endpoint_for(const EngineDesc& remote) const;
   std::vector<std::string> provider_names() const;
   // mu held, any thread:
+  void fail_exited_peers(bool queued_only);
   void fail_transfer(Transfer& t, const Status& reason);
   void fail_peer_locked(const std::string& key, const Status& reason);
   Status submit(bool read, std::span<const uint64_t> local_offsets,
@@ -244,6 +262,7 @@ bool IoEngine::Impl::progress() {
     next_deadline_check = now + std::chrono::milliseconds(10);
     std::lock_guard lock(mu);
     check_deadlines(now);
+    fail_exited_peers(/*queued_only=*/false);
   }
   remove_retired();
   return active;
@@ -295,7 +314,9 @@ bool IoEngine::Impl::post_queued() {
   if (bursts.empty()) return false;
   bool any = false;
   for (auto& b : bursts) {
+    if (b.process) post_watch.begin(b.process);
     post_burst(b);
+    if (b.process) post_watch.end();
     any |= b.posted > 0;
   }
   std::lock_guard lock(mu);
@@ -308,9 +329,10 @@ bool IoEngine::Impl::post_queued() {
 std::vector<IoEngine::Impl::Burst> IoEngine::Impl::take_queued() {
   std::vector<Burst> bursts;
   std::lock_guard lock(mu);
+  fail_exited_peers(/*queued_only=*/true);  // no write starts to a peer that is gone
   for (auto& [key, peer] : peers) {
     if (peer.queue.empty()) continue;
-    Burst b{key, peer.endpoint, {}, 0, 0};
+    Burst b{key, peer.endpoint, peer.process, {}, 0, 0};
     while (!peer.queue.empty() && b.ops.size() < kPostBurst) {
       std::unique_ptr<Op> op = std::move(peer.queue.front());
       peer.queue.pop_front();
@@ -516,6 +538,64 @@ void IoEngine::Impl::check_deadlines(Clock::time_point now) {
   }
 }
 
+// Same-host peers whose process has exited fail at once, named by it: all
+// of them, or only those with writes to post (a poll each, every pass).
+void IoEngine::Impl::fail_exited_peers(bool queued_only) {
+  std::vector<std::pair<std::string, pid_t>> gone;
+  for (const auto& [key, peer] : peers) {
+    if (queued_only && peer.queue.empty()) continue;
+    if (peer.process && peer.process->exited()) gone.emplace_back(key, peer.process->pid());
+  }
+  for (const auto& [key, pid] : gone) {
+    fail_peer_locked(key, Status::unavailable(fmt::format(
+                              "mori engine '{}': its process {} has exited", key, pid)));
+  }
+}
+
+// A peer killed while it held the lock of its shared memory leaves a post
+// to it waiting forever (peer_process.h). Then every transfer fails and
+// every peer is reported failed (their callbacks on late_reports: the
+// progress thread never runs them now), and the thread is given up: its
+// engine is kept, leaked, by ~IoEngine, for the stuck call still reads it.
+// No peer comes after: registering one needs the progress thread.
+bool IoEngine::Impl::give_up_if_stuck() {
+  if (lost.load()) return true;
+  const std::optional<pid_t> pid = post_watch.stuck(kStuckLimit);
+  if (!pid) return false;
+  const Status reason = Status::unavailable(
+      fmt::format("mori: the progress thread is stuck in libfabric's shm provider, in a write to "
+                  "process {}, which died holding the lock of its shared memory (libfabric 1.17 "
+                  "takes it to post); this engine moves nothing more",
+                  *pid));
+  {
+    std::lock_guard lock(mu);
+    if (lost.exchange(true)) return true;
+    logger("mori")->error("{}", reason.message());
+    const auto now = Clock::now();
+    for (auto& [id, t] : transfers) {
+      fail_transfer(t, reason);
+      t.drain_until = now;  // the provider returns nothing any more
+    }
+    std::vector<std::string> keys;
+    for (const auto& [key, peer] : peers) keys.push_back(key);
+    for (const auto& key : keys) fail_peer_locked(key, reason);
+  }
+  thread.abandon();
+  // The callbacks, on a thread of their own: the caller here may hold its
+  // own lock around this call (MoriTransport's poll does).
+  late_reports = std::thread([this] { failures.deliver_pending(); });
+  return true;
+}
+
+// Waits for the progress thread's round in progress to end (see
+// acquire_inbound_writes), unless the thread is given up meanwhile.
+void IoEngine::Impl::wait_round() {
+  while (!round_mu.try_lock_for(std::chrono::milliseconds(100))) {
+    if (give_up_if_stuck()) return;
+  }
+  round_mu.unlock();
+}
+
 void IoEngine::Impl::fail_peer_locked(const std::string& key, const Status& reason) {
   auto p = peers.find(key);
   if (p == peers.end()) return;
@@ -556,7 +636,18 @@ void IoEngine::Impl::remove_retired() {
 }
 
 IoEngine::IoEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-IoEngine::~IoEngine() = default;
+IoEngine::~IoEngine() {
+  if (impl_->thread.stop(std::chrono::seconds(2), [this] { return impl_->give_up_if_stuck(); })) {
+    return;
+  }
+  // Its thread is stuck in a provider call that reads the engine: kept,
+  // where a leak checker still sees it.
+  if (impl_->late_reports.joinable()) impl_->late_reports.join();
+  static std::mutex kept_mu;
+  static auto* kept = new std::vector<std::unique_ptr<Impl>>;
+  std::lock_guard lock(kept_mu);
+  kept->push_back(std::move(impl_));
+}
 
 Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
   auto impl = std::make_unique<Impl>();
@@ -696,6 +787,11 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote) {
       peer.desc = remote;
       peer.endpoint = local;
       peer.addr = addr;
+      peer.process.reset();
+      if (const pid_t pid = shm_address_pid(remote.endpoints[theirs].address);
+          e.provider == "shm" && pid > 0) {
+        peer.process = std::make_shared<const PeerProcess>(pid);
+      }
       impl_->nonces[remote.nonce] = remote.key;
       impl_->failures.forget(remote.key);  // a new engine by that key from now on
     }
@@ -784,6 +880,9 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
   {
     std::lock_guard lock(mu);
     auto p = peers.find(remote.engine_key);
+    if (lost) {
+      return Status::unavailable("mori: this engine's progress thread was given up (see its log)");
+    }
     if (p == peers.end()) {
       if (auto failure = failures.failure(remote.engine_key)) return *failure;
       return Status::not_found(fmt::format("no mori engine '{}' registered", remote.engine_key));
@@ -847,6 +946,7 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
 }
 
 TransferStatus IoEngine::transfer_status(TransferId id) {
+  (void)impl_->give_up_if_stuck();
   std::lock_guard lock(impl_->mu);
   auto t = impl_->transfers.find(id);
   if (t == impl_->transfers.end()) {
@@ -876,8 +976,11 @@ void IoEngine::cancel_transfer(TransferId id, const Status& reason) {
 }
 
 void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
-  std::lock_guard lock(impl_->mu);
-  impl_->fail_peer_locked(engine_key, reason);
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->fail_peer_locked(engine_key, reason);
+  }
+  (void)impl_->give_up_if_stuck();
 }
 
 // Providers copy peers' bytes into our memory inside the progress thread's
@@ -886,9 +989,9 @@ void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
 // learnt of, and before the rounds that will move bytes into memory it
 // touched. (An atomic flag would not do: a provider may acknowledge bytes
 // inside a call, before any release that follows it.)
-void IoEngine::acquire_inbound_writes() const { std::lock_guard lock(impl_->round_mu); }
+void IoEngine::acquire_inbound_writes() const { impl_->wait_round(); }
 
-void IoEngine::release_to_peers() { std::lock_guard lock(impl_->round_mu); }
+void IoEngine::release_to_peers() { impl_->wait_round(); }
 
 void IoEngine::set_peer_failure_callback(PeerFailureCallback callback) {
   impl_->failures.set_callback(std::move(callback));
