@@ -17,13 +17,14 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(ProgressThreadGivenUp, AStuckThreadHoldsUpNoOneAndItsFailuresAreDelivered) {
-  // Leaked on purpose: a given-up thread may still read what it ran with.
-  auto* thread = new ProgressThread("stuck thread");
-  auto* in_pass = new std::atomic<bool>(false);
-  auto* release = new std::promise<void>;
+  // Kept to the end of the process (reachable, for the leak checker): a
+  // given-up thread may still read what it ran with.
+  static auto* thread = new ProgressThread("stuck thread");
+  static auto* in_pass = new std::atomic<bool>(false);
+  static auto* release = new std::promise<void>;
   std::shared_future<void> released = release->get_future().share();
   ProgressThread::Driver driver;
-  driver.progress = [in_pass, released] {
+  driver.progress = [released] {
     in_pass->store(true);
     released.wait();  // the library call that does not return
     return false;
@@ -40,7 +41,7 @@ TEST(ProgressThreadGivenUp, AStuckThreadHoldsUpNoOneAndItsFailuresAreDelivered) 
   ASSERT_TRUE(failures.report(7, Status::unavailable("gone")));
   // A caller waiting for the thread, queued behind the pass that never ends.
   auto waiting =
-      std::async(std::launch::async, [thread] { return thread->run([] { return Status::ok(); }); });
+      std::async(std::launch::async, [] { return thread->run([] { return Status::ok(); }); });
 
   int asked = 0;
   EXPECT_FALSE(thread->stop(2s, [&] { return ++asked == 2; }));
