@@ -11,8 +11,8 @@ namespace pdkv {
 // is never destroyed: an engine's threads may still log while the process
 // exits (exit() with an engine alive), after spdlog's registry, a static,
 // has gone. A logger found here touches no registry. One made for the
-// first time goes through the registry, which gives it the levels of
-// load_env_levels() (SPDLOG_LEVEL).
+// first time goes through the registry, which gives it its level from
+// load_env_levels() (SPDLOG_LEVEL, per logger name or for all).
 std::shared_ptr<spdlog::logger> logger(const std::string& component) {
   static auto* mu = new std::mutex;
   static auto* made = new std::map<std::string, std::shared_ptr<spdlog::logger>, std::less<>>;
@@ -21,8 +21,6 @@ std::shared_ptr<spdlog::logger> logger(const std::string& component) {
   auto created = spdlog::get(component);
   if (!created) {
     created = spdlog::stderr_color_mt(component);
-    // Loggers made after load_env_levels() take its level too.
-    created->set_level(spdlog::get_level());
     created->set_pattern("[%H:%M:%S.%e] [%n] [%l] %v");
   }
   made->emplace(component, created);

@@ -19,8 +19,7 @@ void ProgressThread::start(Driver driver) {
   ready.wait();  // id_ is set before anyone asks on_this_thread()
 }
 
-bool ProgressThread::stop(std::chrono::milliseconds drain_limit,
-                          const std::function<bool()>& stuck) {
+bool ProgressThread::stop(std::chrono::milliseconds drain_limit) {
   {
     std::lock_guard lock(mu_);
     if (abandoned_) return false;
@@ -30,12 +29,9 @@ bool ProgressThread::stop(std::chrono::milliseconds drain_limit,
   }
   cv_.notify_all();
   if (driver_.wake) driver_.wake();
-  if (stuck) {
+  if (driver_.stuck) {
     while (left_loop_.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-      if (stuck()) {
-        abandon();
-        return false;
-      }
+      if (given_up()) return false;
     }
   }
   thread_.join();
@@ -51,6 +47,13 @@ void ProgressThread::abandon() {
     dropped.swap(tasks_);
     thread_.detach();  // the owner keeps what the stuck call touches alive
   }
+}
+
+bool ProgressThread::given_up() {
+  if (abandoned()) return true;
+  if (!driver_.stuck || !driver_.stuck()) return false;
+  abandon();
+  return true;
 }
 
 bool ProgressThread::abandoned() const {

@@ -25,7 +25,8 @@
 // provider spinning on a lock that a killed peer held) can be abandoned:
 // its queue is dropped, later post()s and run()s are refused, run()s
 // waiting are answered, and stop() no longer waits for it. Its owner keeps
-// alive whatever the stuck call may still touch.
+// alive whatever the stuck call may still touch. The driver's `stuck`
+// check, asked by whoever waits on the thread, is what decides it.
 #pragma once
 
 #include <chrono>
@@ -57,6 +58,10 @@ class ProgressThread {
     std::function<void(std::chrono::microseconds limit)> sleep;
     std::function<void()> wake;  // with `sleep`
     std::chrono::microseconds idle_tick{2000}, hot_tick{50}, hot_window{5000};
+    // Optional: asked every 100 ms by a caller that waits for the thread
+    // (run(), stop()); true once the thread is stuck for good, and then it
+    // is abandoned. Runs on the caller's thread, no lock of this helper held.
+    std::function<bool()> stuck;
   };
 
   explicit ProgressThread(std::string name) : name_(std::move(name)) {}
@@ -67,11 +72,9 @@ class ProgressThread {
   void start(Driver driver);
   // Runs what is queued, lets what is in flight finish (busy() false, or
   // `drain_limit` passed), then joins. Later post()s are dropped, later
-  // run()s answer kAborted. With `stuck`, asked every 100 ms while the
-  // thread has not ended: once it says true the thread is abandoned, and
-  // stop() returns false (as it does for a thread abandoned before).
-  bool stop(std::chrono::milliseconds drain_limit = std::chrono::seconds(2),
-            const std::function<bool()>& stuck = {});
+  // run()s answer kAborted. False when the thread was abandoned, before or
+  // as stop() waited for it (the driver's `stuck` check said so).
+  bool stop(std::chrono::milliseconds drain_limit = std::chrono::seconds(2));
 
   // Gives the thread up (see above); the tasks queued are dropped unrun.
   // For the owner only, once it knows the thread cannot come back.
@@ -98,13 +101,14 @@ class ProgressThread {
     // Woken now and then to see whether the thread was abandoned meanwhile
     // (its queue, with this job, is then dropped unrun).
     while (result.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-      if (abandoned()) return R(refusal());
+      if (given_up()) return R(refusal());
     }
     return result.get();
   }
 
  private:
   void loop();
+  bool given_up();  // abandoned, or now found stuck (and abandoned)
   Status refusal() const;
 
   const std::string name_;
@@ -125,7 +129,8 @@ class ProgressThread {
 // which peers failed and why (later writes to them are refused with that
 // reason), and the delivery of the user's callback on the progress thread,
 // with no backend lock held (or, once that thread is abandoned, by its
-// owner: deliver_pending()). The record keeps the most recent kKept
+// owner: deliver_pending()). Its delivery tasks point at it: the thread
+// must be stopped (or abandoned) before it goes. The record keeps the most recent kKept
 // failures, so that it does not grow with every peer a long-lived process
 // ever lost; peers' keys are never reused unless the backend says so
 // (forget()).
@@ -154,7 +159,7 @@ class PeerFailures {
         order_.pop_front();
       }
       callback = callback_;
-      if (callback && *callback) pending_.push_back({peer, reason});
+      if (callback && *callback) pending_.push_back({callback, peer, reason});
     }
     if (callback && *callback) thread_.post([this] { deliver_pending(); });
     return true;
@@ -163,15 +168,12 @@ class PeerFailures {
   // the calling thread: the progress thread, or the owner of an abandoned
   // one, with no backend lock held.
   void deliver_pending() {
-    std::shared_ptr<Callback> callback;
-    std::deque<std::pair<PeerKey, Status>> due;
+    std::deque<Pending> due;
     {
       std::lock_guard lock(mu_);
-      callback = callback_;
       due.swap(pending_);
     }
-    if (!callback || !*callback) return;
-    for (const auto& [peer, reason] : due) (*callback)(peer, reason);
+    for (const auto& p : due) (*p.callback)(p.peer, p.reason);
   }
   std::optional<Status> failure(const PeerKey& peer) const {
     std::lock_guard lock(mu_);
@@ -191,8 +193,14 @@ class PeerFailures {
   mutable std::mutex mu_;
   std::shared_ptr<Callback> callback_;
   std::map<PeerKey, Status> failed_;
-  std::deque<PeerKey> order_;                       // oldest first
-  std::deque<std::pair<PeerKey, Status>> pending_;  // reported, not yet delivered
+  std::deque<PeerKey> order_;  // oldest first
+  // Reported, not yet delivered, each with the callback set when it was.
+  struct Pending {
+    std::shared_ptr<Callback> callback;
+    PeerKey peer;
+    Status reason;
+  };
+  std::deque<Pending> pending_;
 };
 
 }  // namespace pdkv

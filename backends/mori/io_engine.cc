@@ -160,7 +160,8 @@ struct IoEngine::Impl {
   uint32_t next_transfer = 1;
   int wake_fd = -1;  // eventfd: tasks and submissions wake the idle thread
 
-  // Stopped first thing in ~Impl, before anything its tasks touch goes.
+  // Stopped by ~IoEngine (and ~Impl), before anything its tasks touch goes;
+  // given up when stuck (give_up_if_stuck), and then ~Impl never runs.
   ProgressThread thread{"mori progress thread"};
   PeerFailures<std::string> failures{thread};
 
@@ -248,6 +249,7 @@ void IoEngine::Impl::start_thread() {
   driver.idle_tick = kIdleTick;
   driver.hot_tick = std::chrono::microseconds(0);  // no sleep at all while traffic is hot
   driver.hot_window = kHotWindow;
+  driver.stuck = [this] { return give_up_if_stuck(); };
   thread.start(std::move(driver));
 }
 
@@ -567,29 +569,34 @@ bool IoEngine::Impl::give_up_if_stuck() {
                   "process {}, which died holding the lock of its shared memory (libfabric 1.17 "
                   "takes it to post); this engine moves nothing more",
                   *pid));
-  {
-    std::lock_guard lock(mu);
-    if (lost.exchange(true)) return true;
-    logger("mori")->error("{}", reason.message());
-    const auto now = Clock::now();
-    for (auto& [id, t] : transfers) {
-      fail_transfer(t, reason);
-      t.drain_until = now;  // the provider returns nothing any more
-    }
-    std::vector<std::string> keys;
-    for (const auto& [key, peer] : peers) keys.push_back(key);
-    for (const auto& key : keys) fail_peer_locked(key, reason);
+  std::lock_guard lock(mu);
+  if (lost) return true;
+  logger("mori")->error("{}", reason.message());
+  const auto now = Clock::now();
+  for (auto& [id, t] : transfers) {
+    fail_transfer(t, reason);
+    t.drain_until = now;  // the provider returns nothing any more
   }
+  std::vector<std::string> keys;
+  for (const auto& [key, peer] : peers) keys.push_back(key);
+  for (const auto& key : keys) fail_peer_locked(key, reason);
   thread.abandon();
   // The callbacks, on a thread of their own: the caller here may hold its
-  // own lock around this call (MoriTransport's poll does).
-  late_reports = std::thread([this] { failures.deliver_pending(); });
+  // own lock around this call (MoriTransport's poll does). Started before
+  // `lost` is set, so that whoever sees it set finds the thread to join.
+  try {
+    late_reports = std::thread([this] { failures.deliver_pending(); });
+  } catch (const std::system_error& e) {
+    logger("mori")->error("no thread to report the failures on: {}", e.what());
+  }
+  lost = true;
   return true;
 }
 
 // Waits for the progress thread's round in progress to end (see
 // acquire_inbound_writes), unless the thread is given up meanwhile.
 void IoEngine::Impl::wait_round() {
+  if (lost) return;
   while (!round_mu.try_lock_for(std::chrono::milliseconds(100))) {
     if (give_up_if_stuck()) return;
   }
@@ -637,9 +644,7 @@ void IoEngine::Impl::remove_retired() {
 
 IoEngine::IoEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 IoEngine::~IoEngine() {
-  if (impl_->thread.stop(std::chrono::seconds(2), [this] { return impl_->give_up_if_stuck(); })) {
-    return;
-  }
+  if (impl_->thread.stop()) return;
   // Its thread is stuck in a provider call that reads the engine: kept,
   // where a leak checker still sees it.
   if (impl_->late_reports.joinable()) impl_->late_reports.join();

@@ -13,10 +13,15 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434  // the same on every architecture (Linux 5.3)
+#endif
 
 namespace pdkv::backends::mori {
 
