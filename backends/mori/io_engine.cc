@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "crypto.h"
+#include "drain_deadline.h"
 #include "fabric_endpoint.h"
 #include "host_identity.h"
 #include "log.h"
@@ -58,8 +59,10 @@ constexpr auto kHotWindow = std::chrono::milliseconds(5);
 // bounds that work.
 constexpr size_t kPostBurst = 256;
 // A failed transfer's operations still with the provider are cancelled; it
-// is over when the provider has returned them all, or after this long.
-constexpr auto kDrainLimit = std::chrono::milliseconds(1000);
+// is over when the provider has returned them all, or once it returned none
+// for kDrainQuiet, or kDrainCap after the failure (drain_deadline.h).
+constexpr auto kDrainQuiet = std::chrono::milliseconds(1000);
+constexpr auto kDrainCap = std::chrono::milliseconds(10000);
 // A post that waits this long on a peer whose process is gone is stuck for
 // good (peer_process.h): the engine gives its progress thread up.
 constexpr auto kStuckLimit = std::chrono::milliseconds(1000);
@@ -131,11 +134,11 @@ struct IoEngine::Impl {
     std::unique_ptr<Op> held_signal;  // posted once the others completed
     TransferStatus status;
     Clock::time_point deadline;
-    Clock::time_point drain_until;  // failed: over by then at the latest
-    bool cancel_due = false;        // failed with operations posted: cancel them
+    DrainDeadline drain;      // failed: how long to wait for what the provider holds
+    bool cancel_due = false;  // failed with operations posted: cancel them
     // Failed and nothing of it left with the provider (or out of time).
     bool over(Clock::time_point now) const {
-      return status.state != TransferState::kFailed || with_provider == 0 || now >= drain_until;
+      return status.state != TransferState::kFailed || with_provider == 0 || drain.passed(now);
     }
   };
 
@@ -485,7 +488,10 @@ void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int 
   if (it == transfers.end()) return;
   Transfer& t = it->second;
   --t.with_provider;
-  if (t.status.state != TransferState::kInProgress) return;  // failed earlier; now accounted for
+  if (t.status.state != TransferState::kInProgress) {  // failed earlier; now accounted for
+    t.drain.progressed(Clock::now());
+    return;
+  }
   if (!error.is_ok()) {
     fail_transfer(t, error);
     if (peer_is_gone(err)) fail_peer_locked(t.peer, error);
@@ -506,13 +512,13 @@ void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
   if (t.status.state != TransferState::kInProgress) return;
   t.status = {TransferState::kFailed, reason};
   t.held_signal.reset();
-  t.drain_until = Clock::now() + kDrainLimit;
+  t.drain = DrainDeadline(Clock::now(), kDrainQuiet, kDrainCap);
   t.cancel_due = t.with_provider > 0;
 }
 
 // The operations of failed transfers that are still with the provider:
 // asked back (fi_cancel), so that the transfer is over sooner. What the
-// provider cannot cancel it returns when done, within kDrainLimit or not.
+// provider cannot cancel it returns when done, within the drain or not.
 void IoEngine::Impl::cancel_failed() {
   std::set<TransferId> due;
   {
@@ -575,7 +581,7 @@ bool IoEngine::Impl::give_up_if_stuck() {
   const auto now = Clock::now();
   for (auto& [id, t] : transfers) {
     fail_transfer(t, reason);
-    t.drain_until = now;  // the provider returns nothing any more
+    t.drain.end(now);  // the provider returns nothing any more
   }
   std::vector<std::string> keys;
   for (const auto& [key, peer] : peers) keys.push_back(key);

@@ -126,7 +126,8 @@ class IoEngine {
   // The status of a transfer this engine started; a finished one is
   // forgotten after it is reported once. A failed one is reported once it is
   // over: none of its operations is left with the provider (cancelled, or
-  // returned), or a drain of a second ran out.
+  // returned), or its drain ran out (1 s in which none came back, 10 s in
+  // all: drain_deadline.h).
   TransferStatus transfer_status(TransferId id);
   // Fails transfer `id` (one of a batch that failed elsewhere); its
   // operations are cancelled or drained as for any failed transfer.

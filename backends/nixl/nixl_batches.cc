@@ -207,9 +207,7 @@ void NixlTransport::peer_failed(PeerId id, const Status& reason) {
 
 void NixlTransport::start_drain(Closing& closing) {
   closing.stage = Closing::Stage::kDraining;
-  const auto now = std::chrono::steady_clock::now();
-  closing.give_up = now + kDrainLimit;
-  closing.drain_cap = now + kDrainCap;
+  closing.limit = DrainDeadline(std::chrono::steady_clock::now(), kDrainLimit, kDrainCap);
   closing.puts_seen = puts_done_;
   ucp_request_param_t param{};
   ucs_status_ptr_t req = ucp_ep_flush_nbx(closing.wire.ep, &param);
@@ -219,7 +217,7 @@ void NixlTransport::start_drain(Closing& closing) {
 
 void NixlTransport::start_close(Closing& closing) {
   closing.stage = Closing::Stage::kClosing;
-  closing.give_up = std::chrono::steady_clock::now() + kCloseLimit;
+  closing.limit = DrainDeadline(std::chrono::steady_clock::now(), kCloseLimit, kCloseLimit);
   closing.request = nullptr;
   if (closing.wire.ep == nullptr) return;
   // UCX cancels what is outstanding only for endpoints in PEER error
@@ -243,7 +241,7 @@ void NixlTransport::finish_closes(bool all) {
   for (auto it = closing_.begin(); it != closing_.end();) {
     Closing& c = *it;
     const bool done = !stage_in_progress(c);
-    if (!done && !all && now < c.give_up) {
+    if (!done && !all && !c.limit.passed(now)) {
       ++it;
       continue;
     }
@@ -307,7 +305,7 @@ bool NixlTransport::stage_in_progress(Closing& c) {
 }
 
 void NixlTransport::keep_draining(Closing& c) {
-  c.give_up = std::min(std::chrono::steady_clock::now() + kDrainLimit, c.drain_cap);
+  c.limit.progressed(std::chrono::steady_clock::now());
 }
 
 void NixlTransport::drain_progressed(BatchId id) {

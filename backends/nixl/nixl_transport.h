@@ -64,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "drain_deadline.h"
 #include "pdkv/transport.h"
 #include "progress_thread.h"
 
@@ -183,12 +184,11 @@ class NixlTransport final : public Transport {
     std::set<BatchId> batches;
     Status reason;
     enum class Stage { kDraining, kClosing } stage = Stage::kDraining;
-    void* request = nullptr;                          // the stage's, with UCX
-    bool flush_failed = false;                        // the drain's flush: the endpoint is gone
-    std::chrono::steady_clock::time_point give_up;    // of the stage
-    std::chrono::steady_clock::time_point drain_cap;  // the drain's, however it progresses
-    uint64_t puts_seen = 0;                           // put path: puts_done_ when last looked
-    bool late = false;                                // a stage ran out of time
+    void* request = nullptr;    // the stage's, with UCX
+    bool flush_failed = false;  // the drain's flush: the endpoint is gone
+    DrainDeadline limit;        // of the stage (drain_deadline.h)
+    uint64_t puts_seen = 0;     // put path: puts_done_ when last looked
+    bool late = false;          // a stage ran out of time
   };
   // Message path: what names a sending connection, in every message.
   struct Connection {
