@@ -1,0 +1,195 @@
+// The state behind IoEngine (io_engine.h), who owns each piece of it, and
+// the engine's own helpers. Its code is in three files, by what it does:
+//  - io_engine.cc: the API (creation, registration, peers, submissions,
+//    status), on the callers' threads or handed to the progress thread;
+//  - io_engine_progress.cc: the progress thread's passes (posting,
+//    completions, deadlines, drains of failed transfers);
+//  - io_engine_peer_loss.cc: peers that fail or whose process exits, and
+//    giving up a progress thread stuck for good.
+// Private to the mori backend.
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "drain_deadline.h"
+#include "fabric_endpoint.h"
+#include "io_engine.h"
+#include "peer_process.h"
+#include "progress_thread.h"
+
+namespace pdkv::backends::mori {
+
+// One posted (or to be posted) operation. The provider's context comes first
+// (FI_CONTEXT2 mode lets it use that space).
+struct Op {
+  fi_context2 provider_context;
+  TransferId transfer = 0;
+  size_t endpoint = 0;  // once posted: where, and to whom
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  bool cancelled = false;
+  bool read = false;
+  bool signal = false;  // the write that carries the transfer id as remote CQ data
+  // The peer's endpoint places this write before any posted after it: the
+  // transfer's signal need not wait for its completion.
+  bool ordered = false;
+  char* local = nullptr;
+  void* local_desc = nullptr;
+  uint64_t length = 0;
+  uint64_t remote_addr = 0;
+  uint64_t key = 0;
+};
+
+struct IoEngine::Impl {
+  using Clock = std::chrono::steady_clock;
+
+  struct Registered {
+    MemoryDesc desc;
+    std::vector<fid_mr*> mrs;  // per endpoint
+  };
+  struct Peer {
+    EngineDesc desc;
+    size_t endpoint = 0;
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    std::deque<std::unique_ptr<Op>> queue;       // to post, in order: its own, so that a
+                                                 // peer the provider stalls stalls no other
+    std::shared_ptr<const PeerProcess> process;  // shm peers' process, watched
+  };
+  // A failed peer's address, removed from its AV once no operation of its
+  // transfers is with the provider.
+  struct Retired {
+    size_t endpoint = 0;
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+  };
+  struct Transfer {
+    std::string peer;
+    size_t endpoint = 0;
+    fi_addr_t addr = FI_ADDR_UNSPEC;
+    uint64_t outstanding = 0;         // posted or queued, not completed
+    uint64_t with_provider = 0;       // posted, not yet returned by the provider
+    std::unique_ptr<Op> held_signal;  // posted once the others completed
+    TransferStatus status;
+    Clock::time_point deadline;
+    DrainDeadline drain;      // failed: how long to wait for what the provider holds
+    bool cancel_due = false;  // failed with operations posted: cancel them
+    // Failed and nothing of it left with the provider (or out of time).
+    bool over(Clock::time_point now) const {
+      return status.state != TransferState::kFailed || with_provider == 0 || drain.passed(now);
+    }
+  };
+
+  // A peer's operations taken off its queue to post in one pass.
+  struct Burst {
+    std::string peer;
+    size_t endpoint = 0;
+    std::shared_ptr<const PeerProcess> process;
+    std::vector<std::unique_ptr<Op>> ops;
+    size_t posted = 0;   // ops[0, posted) went to the provider
+    int refused_rc = 0;  // else: it refused ops[posted] with this, and the burst stopped
+  };
+  struct Finished {
+    std::unique_ptr<Op> op;
+    Status error;
+    int err = 0;
+  };
+
+  IoEngineConfig config;
+  EngineDesc desc;
+  std::string host_identity;
+  uint32_t next_transfer = 1;
+  int wake_fd = -1;  // eventfd: tasks and submissions wake the idle thread
+
+  // Stopped by ~IoEngine (and ~Impl), before anything its tasks touch goes;
+  // given up when stuck (give_up_if_stuck), and then ~Impl never runs.
+  ProgressThread thread{"mori progress thread"};
+  PeerFailures<std::string> failures{thread};
+
+  // Fixed once the engine runs; their provider objects are used on the
+  // progress thread only (FI_THREAD_DOMAIN), with round_mu or no lock held.
+  std::vector<std::unique_ptr<Endpoint>> endpoints;
+  // The progress thread's own:
+  std::map<Op*, std::unique_ptr<Op>> posted;  // handed to the provider
+  Clock::time_point next_deadline_check = Clock::now();
+
+  // Held by the progress thread for each round of provider calls, in which
+  // providers copy peers' bytes into our memory; see acquire_inbound_writes.
+  // Timed: a round stuck for good holds it for good (wait_round).
+  std::timed_mutex round_mu;
+
+  // The progress thread's post to a watched peer, and whether the engine
+  // gave the thread up, stuck in one (give_up_if_stuck).
+  PostWatch post_watch;
+  std::atomic<bool> lost{false};
+  std::thread late_reports;  // delivers the failures reported as it gave up
+
+  // mu guards what other threads share with the progress thread, and is
+  // held only while that state is read or changed, never across a call
+  // into the provider.
+  std::mutex mu;
+  std::vector<Registered> registered;
+  std::map<std::string, Peer> peers;
+  std::map<TransferId, Transfer> transfers;
+  std::map<uint32_t, std::string> nonces;  // peer nonce -> engine key
+  std::set<TransferId> inbound;            // landed, not yet popped
+  std::vector<Retired> retired;
+
+  ~Impl() {
+    thread.stop();
+    if (wake_fd >= 0) ::close(wake_fd);
+    // Memory regions before their domains (the endpoints close the rest).
+    for (auto& r : registered) {
+      for (fid_mr* mr : r.mrs) {
+        if (mr) fi_close(&mr->fid);
+      }
+    }
+    endpoints.clear();  // closing the endpoints drops what was still posted
+  }
+
+  void start_thread();
+  // Any thread, no lock held: true once the progress thread is given up.
+  bool give_up_if_stuck();
+  void wait_round();
+  bool progress();  // one pass, on the progress thread
+  bool busy();
+  void idle_wait(std::chrono::microseconds limit);
+  void notify() {
+    const uint64_t one = 1;
+    if (wake_fd >= 0) (void)!::write(wake_fd, &one, sizeof one);
+  }
+  // Progress thread, round_mu held; each takes mu only around shared state:
+  bool post_queued();
+  std::vector<Burst> take_queued();
+  void post_burst(Burst& burst);
+  void settle_burst(Burst& burst);
+  bool read_completions(Endpoint& e);
+  void cancel_failed();
+  bool inbound_traffic();
+  void remove_retired();
+  // mu held, progress thread:
+  void finish_op(std::unique_ptr<Op> op, const Status& error, int err);
+  void check_deadlines(Clock::time_point now);
+  Result<std::pair<size_t, size_t>> endpoint_for(const EngineDesc& remote) const;
+  std::vector<std::string> provider_names() const;
+  // mu held, any thread:
+  void fail_exited_peers(bool queued_only);
+  void fail_transfer(Transfer& t, const Status& reason);
+  void fail_peer_locked(const std::string& key, const Status& reason);
+  Status submit(bool read, std::span<const uint64_t> local_offsets,
+                std::span<const uint64_t> remote_offsets, std::span<const uint64_t> sizes,
+                TransferId id, const MemoryDesc& local, const MemoryDesc& remote);
+};
+
+}  // namespace pdkv::backends::mori

@@ -1,0 +1,359 @@
+// The progress thread's passes of IoEngine (io_engine_impl.h): what is
+// queued goes to the provider in bursts, completions settle transfers,
+// deadlines and drains end them.
+#include <fmt/format.h>
+#include <poll.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <algorithm>
+
+#include "io_engine_impl.h"
+#include "log.h"
+
+namespace pdkv::backends::mori {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Idle, the progress thread still reads the completion queues this often:
+// manual-progress providers move inbound data only when polled.
+constexpr auto kIdleTick = std::chrono::milliseconds(1);
+// After peers' traffic was last seen, the thread keeps polling without
+// sleeping this long: on shm every small write waits for the target's poll.
+constexpr auto kHotWindow = std::chrono::milliseconds(5);
+// At most this many operations of one peer are taken off its queue per
+// pass: what the provider refuses (-FI_EAGAIN) goes back, and a burst
+// bounds that work.
+constexpr size_t kPostBurst = 256;
+// A failed transfer's operations still with the provider are cancelled; it
+// is over when the provider has returned them all, or once it returned none
+// for kDrainQuiet, or kDrainCap after the failure (drain_deadline.h).
+constexpr auto kDrainQuiet = std::chrono::milliseconds(1000);
+constexpr auto kDrainCap = std::chrono::milliseconds(10000);
+
+// Errors that mean the peer is gone (or cannot be reached), not a bad request.
+bool peer_is_gone(int err) {
+  switch (err) {
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case EPIPE:
+    case ENOTCONN:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ESRCH:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+void IoEngine::Impl::start_thread() {
+  ProgressThread::Driver driver;
+  driver.progress = [this] { return progress(); };
+  driver.busy = [this] { return busy(); };
+  driver.sleep = [this](std::chrono::microseconds limit) { idle_wait(limit); };
+  driver.wake = [this] { notify(); };
+  driver.idle_tick = kIdleTick;
+  driver.hot_tick = std::chrono::microseconds(0);  // no sleep at all while traffic is hot
+  driver.hot_window = kHotWindow;
+  driver.stuck = [this] { return give_up_if_stuck(); };
+  thread.start(std::move(driver));
+}
+
+bool IoEngine::Impl::progress() {
+  std::lock_guard round(round_mu);
+  cancel_failed();
+  bool active = post_queued();
+  for (auto& e : endpoints) active |= read_completions(*e);
+  active |= inbound_traffic();  // peers' traffic: keep polling for a while (kHotWindow)
+  const auto now = Clock::now();
+  if (now >= next_deadline_check) {
+    next_deadline_check = now + std::chrono::milliseconds(10);
+    std::lock_guard lock(mu);
+    check_deadlines(now);
+    fail_exited_peers(/*queued_only=*/false);
+  }
+  remove_retired();
+  return active;
+}
+
+bool IoEngine::Impl::busy() {
+  if (!posted.empty()) return true;
+  std::lock_guard lock(mu);
+  for (const auto& [key, peer] : peers) {
+    if (!peer.queue.empty()) return true;
+  }
+  return false;
+}
+
+// Sleeps until a CQ's file descriptor or wake_fd says there is work, or
+// `limit` passes (kIdleTick when a provider has no descriptor).
+void IoEngine::Impl::idle_wait(std::chrono::microseconds limit) {
+  if (limit <= std::chrono::microseconds::zero()) {
+    std::this_thread::yield();  // hot: poll again at once
+    return;
+  }
+  std::vector<pollfd> fds = {{wake_fd, POLLIN, 0}};
+  bool all_waitable = wake_fd >= 0;
+  {
+    std::lock_guard round(round_mu);  // fi_trywait may progress the provider
+    for (auto& e : endpoints) {
+      if (e->wait_fd < 0) {
+        all_waitable = false;
+        continue;
+      }
+      fid* cq = &e->cq->fid;
+      // Only when nothing is pending in the provider may we block on its fd.
+      if (fi_trywait(e->fabric, &cq, 1) != FI_SUCCESS) return;
+      fds.push_back({e->wait_fd, POLLIN, 0});
+    }
+  }
+  const auto wait = all_waitable ? std::chrono::milliseconds(100)
+                                 : std::chrono::duration_cast<std::chrono::milliseconds>(limit);
+  ::poll(fds.data(), fds.size(), std::max<int>(static_cast<int>(wait.count()), 1));
+  uint64_t count;
+  if (fds[0].revents & POLLIN) (void)!::read(wake_fd, &count, sizeof count);
+}
+
+// One pass over the peers' queues: up to kPostBurst operations of each are
+// taken under mu, posted without it, and settled under it again. True when
+// any went to the provider.
+bool IoEngine::Impl::post_queued() {
+  std::vector<Burst> bursts = take_queued();
+  if (bursts.empty()) return false;
+  bool any = false;
+  for (auto& b : bursts) {
+    if (b.process) post_watch.begin(b.process);
+    post_burst(b);
+    if (b.process) post_watch.end();
+    any |= b.posted > 0;
+  }
+  std::lock_guard lock(mu);
+  for (auto& b : bursts) settle_burst(b);
+  return any;
+}
+
+// An operation taken counts as with the provider from here on: its
+// transfer, failed meanwhile, is not reported over while it is in our hands.
+std::vector<IoEngine::Impl::Burst> IoEngine::Impl::take_queued() {
+  std::vector<Burst> bursts;
+  std::lock_guard lock(mu);
+  fail_exited_peers(/*queued_only=*/true);  // no write starts to a peer that is gone
+  for (auto& [key, peer] : peers) {
+    if (peer.queue.empty()) continue;
+    Burst b{key, peer.endpoint, peer.process, {}, 0, 0};
+    while (!peer.queue.empty() && b.ops.size() < kPostBurst) {
+      std::unique_ptr<Op> op = std::move(peer.queue.front());
+      peer.queue.pop_front();
+      auto t = transfers.find(op->transfer);
+      if (t == transfers.end() || t->second.status.state != TransferState::kInProgress) {
+        continue;  // its transfer ended (failed) meanwhile: dropped, never posted
+      }
+      ++t->second.with_provider;
+      op->endpoint = peer.endpoint;
+      op->addr = peer.addr;
+      b.ops.push_back(std::move(op));
+    }
+    if (!b.ops.empty()) bursts.push_back(std::move(b));
+  }
+  return bursts;
+}
+
+// Posts in order until the provider says -FI_EAGAIN (the rest wait for the
+// next pass) or refuses one: nothing behind a refused write may go, for a
+// signal there would say it landed. Each but the last of a burst says
+// FI_MORE: another follows at once, and what a provider defers for it is
+// flushed by a later post.
+void IoEngine::Impl::post_burst(Burst& b) {
+  Endpoint& e = *endpoints[b.endpoint];
+  for (; b.posted < b.ops.size(); ++b.posted) {
+    Op& op = *b.ops[b.posted];
+    iovec iov{op.local, op.length};
+    fi_rma_iov rma{op.remote_addr, op.length, op.key};
+    fi_msg_rma msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &op.local_desc;
+    msg.iov_count = 1;
+    msg.addr = op.addr;
+    msg.rma_iov = &rma;
+    msg.rma_iov_count = 1;
+    msg.context = &op;
+    uint64_t flags = FI_COMPLETION | (b.posted + 1 < b.ops.size() ? FI_MORE : 0);
+    ssize_t rc;
+    if (op.read) {
+      rc = fi_readmsg(e.ep, &msg, flags);
+    } else {
+      // Not FI_INJECT_COMPLETE, even where the signal makes it safe: a
+      // write must stay ours until the peer has it, so that a failed
+      // transfer is reported once nothing of it can land any more.
+      if (op.signal) {
+        flags |= FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA;
+        msg.data = op.transfer;
+      } else {
+        flags |= FI_TRANSMIT_COMPLETE;
+      }
+      rc = fi_writemsg(e.ep, &msg, flags);
+    }
+    if (rc == -FI_EAGAIN) return;  // the provider needs progress first
+    if (rc != 0) {
+      b.refused_rc = static_cast<int>(rc);
+      return;
+    }
+  }
+}
+
+// mu held. Posted operations are the provider's now; refused ones fail
+// their transfer; the rest go back to the front of their peer's queue.
+void IoEngine::Impl::settle_burst(Burst& b) {
+  for (size_t i = 0; i < b.posted; ++i) {
+    Op* raw = b.ops[i].get();
+    posted.emplace(raw, std::move(b.ops[i]));
+  }
+  if (b.refused_rc != 0) {
+    const Op& op = *b.ops[b.posted];
+    Transfer& t = transfers.find(op.transfer)->second;
+    --t.with_provider;
+    fail_transfer(t, ofi_error(op.read ? "fi_readmsg" : "fi_writemsg", b.refused_rc));
+  }
+  auto p = peers.find(b.peer);
+  const size_t settled = b.posted + (b.refused_rc != 0 ? 1 : 0);
+  for (size_t i = b.ops.size(); i-- > settled;) {
+    auto t = transfers.find(b.ops[i]->transfer);
+    --t->second.with_provider;
+    const bool live = t->second.status.state == TransferState::kInProgress;
+    if (p != peers.end() && live) p->second.queue.push_front(std::move(b.ops[i]));
+  }
+}
+
+// Reads the CQ without mu; what it finished is settled under mu. True when
+// anything completed or landed.
+bool IoEngine::Impl::read_completions(Endpoint& e) {
+  std::vector<Finished> finished;
+  std::vector<TransferId> landed;
+  fi_cq_data_entry entries[64];
+  while (true) {
+    const ssize_t n = fi_cq_read(e.cq, entries, 64);
+    if (n == -FI_EAGAIN) break;
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(e.cq, &err, 0) != 1) break;
+      char detail[256] = {};
+      fi_cq_strerror(e.cq, err.prov_errno, err.err_data, detail, sizeof detail);
+      auto it = posted.find(static_cast<Op*>(err.op_context));
+      if (it == posted.end()) {
+        logger("mori")->warn("{}: completion error for no operation of ours: {} ({})", e.provider,
+                             fi_strerror(err.err), detail);
+        continue;
+      }
+      Finished f{std::move(it->second), Status::ok(), err.err};
+      posted.erase(it);
+      f.error = Status::unavailable(fmt::format("{} {}: {} ({})", e.provider,
+                                                f.op->read ? "read" : "write", fi_strerror(err.err),
+                                                detail));
+      finished.push_back(std::move(f));
+      continue;
+    }
+    if (n < 0) {
+      logger("mori")->warn("{}: fi_cq_read: {}", e.provider, fi_strerror(int(-n)));
+      break;
+    }
+    for (ssize_t i = 0; i < n; ++i) {
+      const fi_cq_data_entry& c = entries[i];
+      if (c.flags & FI_REMOTE_CQ_DATA) {  // a peer's transfer has landed here
+        landed.push_back(c.data);
+        continue;
+      }
+      auto it = posted.find(static_cast<Op*>(c.op_context));
+      if (it == posted.end()) continue;
+      finished.push_back({std::move(it->second), Status::ok(), 0});
+      posted.erase(it);
+    }
+  }
+  if (finished.empty() && landed.empty()) return false;
+  std::lock_guard lock(mu);
+  inbound.insert(landed.begin(), landed.end());
+  for (auto& f : finished) finish_op(std::move(f.op), f.error, f.err);
+  return true;
+}
+
+bool IoEngine::Impl::inbound_traffic() {
+  bool seen_new = false;
+  for (auto& e : endpoints) {
+    if (e->inbound == nullptr) continue;
+    const uint64_t seen = fi_cntr_read(e->inbound);
+    seen_new |= seen != e->inbound_seen;
+    e->inbound_seen = seen;
+  }
+  return seen_new;
+}
+
+void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int err) {
+  auto it = transfers.find(op->transfer);
+  if (it == transfers.end()) return;
+  Transfer& t = it->second;
+  --t.with_provider;
+  if (t.status.state != TransferState::kInProgress) {  // failed earlier; now accounted for
+    t.drain.progressed(Clock::now());
+    return;
+  }
+  if (!error.is_ok()) {
+    fail_transfer(t, error);
+    if (peer_is_gone(err)) fail_peer_locked(t.peer, error);
+    return;
+  }
+  if (--t.outstanding > 0) return;
+  if (t.held_signal) {  // every other write is in place: now the one that says so
+    t.outstanding = 1;
+    auto p = peers.find(t.peer);
+    if (p == peers.end()) return fail_transfer(t, Status::aborted("its peer was forgotten"));
+    p->second.queue.push_back(std::move(t.held_signal));
+    return;
+  }
+  t.status.state = TransferState::kSuccess;
+}
+
+void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
+  if (t.status.state != TransferState::kInProgress) return;
+  t.status = {TransferState::kFailed, reason};
+  t.held_signal.reset();
+  t.drain = DrainDeadline(Clock::now(), kDrainQuiet, kDrainCap);
+  t.cancel_due = t.with_provider > 0;
+}
+
+// The operations of failed transfers that are still with the provider:
+// asked back (fi_cancel), so that the transfer is over sooner. What the
+// provider cannot cancel it returns when done, within the drain or not.
+void IoEngine::Impl::cancel_failed() {
+  std::set<TransferId> due;
+  {
+    std::lock_guard lock(mu);
+    for (auto& [id, t] : transfers) {
+      if (t.cancel_due) due.insert(id);
+      t.cancel_due = false;
+    }
+  }
+  if (due.empty()) return;
+  for (auto& [raw, op] : posted) {
+    if (op->cancelled || due.count(op->transfer) == 0) continue;
+    op->cancelled = true;
+    (void)fi_cancel(&endpoints[op->endpoint]->ep->fid, &op->provider_context);
+  }
+}
+
+void IoEngine::Impl::check_deadlines(Clock::time_point now) {
+  for (auto& [id, t] : transfers) {
+    if (t.status.state == TransferState::kInProgress && now >= t.deadline) {
+      fail_transfer(
+          t, Status::deadline_exceeded(fmt::format("transfer {:#x} to {} not done within {} ms", id,
+                                                   t.peer, config.transfer_timeout.count())));
+    }
+  }
+}
+
+}  // namespace pdkv::backends::mori
