@@ -3,7 +3,11 @@
 // that what is measured is the protocol: lookups, metadata, reports, the
 // engine's own scheduling. Never a test: timings are for people.
 //
-//   pdkv_control_bench [--rooms N] [--window W] [--pairs 1x1,2x4,8x8] [--json]
+//   pdkv_control_bench [--rooms N] [--window W] [--pairs 1x1,2x4,8x8] [--signed] [--json]
+//
+// --signed: the cluster has a secret, so every bootstrap and control call is
+// signed and checked (HMAC-SHA256, docs/security.md); run with and without it
+// to see what authentication costs.
 //
 // For each TP pair: N rooms, W in flight at a time; a room's latency runs
 // from the moment its first call is made (the receivers' send_metadata and
@@ -50,9 +54,10 @@ struct OpenRoom {
   uint64_t page = 0;
 };
 
-PairResult run_pair(Pair pair, uint64_t rooms, uint32_t window) {
+PairResult run_pair(Pair pair, uint64_t rooms, uint32_t window, bool signed_calls) {
   testing::ClusterSpec spec = testing::shape(8, pair.prefill_tp, pair.decode_tp);
   spec.kv.num_pages = window;
+  if (signed_calls) spec.security.secret = "control-bench-cluster-secret-of-32";
   auto cluster = testing::Cluster::start(spec);
   PairResult r{pair};
   if (!cluster) {
@@ -128,7 +133,7 @@ int main(int argc, char** argv) {
   uint64_t rooms = 2000;
   uint32_t window = 64;
   std::vector<Pair> pairs = {{1, 1}, {2, 4}, {8, 8}};
-  bool json = false;
+  bool json = false, signed_calls = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -157,6 +162,8 @@ int main(int argc, char** argv) {
         pairs.push_back({p, d});
         at = comma + 1;
       }
+    } else if (a == "--signed") {
+      signed_calls = true;
     } else if (a == "--json") {
       json = true;
     } else {
@@ -170,18 +177,18 @@ int main(int argc, char** argv) {
   }
   std::string out = "[";
   for (const Pair& p : pairs) {
-    const PairResult r = run_pair(p, rooms, window);
+    const PairResult r = run_pair(p, rooms, window, signed_calls);
     if (json) {
       out += fmt::format(
-          "{}{{\"prefill_tp\":{},\"decode_tp\":{},\"rooms\":{},\"failed\":{},"
+          "{}{{\"prefill_tp\":{},\"decode_tp\":{},\"signed\":{},\"rooms\":{},\"failed\":{},"
           "\"rooms_per_s\":{:.1f},\"p50_ms\":{:.3f},\"p99_ms\":{:.3f}}}",
-          out.size() > 1 ? "," : "", p.prefill_tp, p.decode_tp, r.rooms, r.failed,
+          out.size() > 1 ? "," : "", p.prefill_tp, p.decode_tp, signed_calls, r.rooms, r.failed,
           r.rooms / std::max(r.seconds, 1e-9), r.p50_ms, r.p99_ms);
     } else {
-      std::printf("TP %u -> %u: %llu rooms (%llu failed), %.0f rooms/s, p50 %.3f ms, p99 %.3f ms\n",
-                  p.prefill_tp, p.decode_tp, (unsigned long long)r.rooms,
-                  (unsigned long long)r.failed, r.rooms / std::max(r.seconds, 1e-9), r.p50_ms,
-                  r.p99_ms);
+      std::printf(
+          "TP %u -> %u%s: %llu rooms (%llu failed), %.0f rooms/s, p50 %.3f ms, p99 %.3f ms\n",
+          p.prefill_tp, p.decode_tp, signed_calls ? " signed" : "", (unsigned long long)r.rooms,
+          (unsigned long long)r.failed, r.rooms / std::max(r.seconds, 1e-9), r.p50_ms, r.p99_ms);
       std::fflush(stdout);
     }
   }
