@@ -57,7 +57,7 @@ struct OpenRoom {
 PairResult run_pair(Pair pair, uint64_t rooms, uint32_t window, bool signed_calls) {
   testing::ClusterSpec spec = testing::shape(8, pair.prefill_tp, pair.decode_tp);
   spec.kv.num_pages = window;
-  if (signed_calls) spec.security.secret = "control-bench-cluster-secret-of-32";
+  if (signed_calls) spec.security.secret = "control-bench-cluster-secret";
   auto cluster = testing::Cluster::start(spec);
   PairResult r{pair};
   if (!cluster) {

@@ -30,7 +30,7 @@ class DrainDeadline {
   }
 
   // Nothing will come back any more (the library's thread is lost).
-  void end(Clock::time_point now) { until_ = cap_ = now; }
+  void end(Clock::time_point now) { until_ = cap_ = std::min(until_, now); }
 
   bool passed(Clock::time_point now) const { return now >= until_; }
 

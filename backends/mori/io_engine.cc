@@ -86,6 +86,7 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
   impl->desc.key = config.key;
   impl->desc.nonce = nonce;
   impl->desc.host_identity = impl->host_identity;
+  impl->returned_at.assign(impl->endpoints.size(), Clock::time_point{});
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   impl->start_thread();
   return std::unique_ptr<IoEngine>(new IoEngine(std::move(impl)));
@@ -354,7 +355,11 @@ TransferStatus IoEngine::transfer_status(TransferId id) {
   // A failed transfer is reported once it is over: nothing of it is left
   // with the provider (its Ops stay in `posted` until the provider returns
   // them, when the drain ran out of time).
-  if (!t->second.over(Clock::now())) return {TransferState::kInProgress, {}};
+  Impl::Transfer& transfer = t->second;
+  if (!transfer.over(Clock::now(), impl_->returned_at[transfer.endpoint])) {
+    const bool failed = transfer.status.state == TransferState::kFailed;
+    return {TransferState::kInProgress, failed ? transfer.status.error : Status::ok(), failed};
+  }
   TransferStatus st = t->second.status;
   if (st.state != TransferState::kInProgress) impl_->transfers.erase(t);
   return st;

@@ -84,6 +84,9 @@ enum class TransferState : uint8_t { kInProgress, kSuccess, kFailed };
 struct TransferStatus {
   TransferState state = TransferState::kInProgress;
   Status error;
+  // kInProgress, yet failed: it waits for what the provider still holds
+  // (error says why it failed). Its batch's other transfers can go now.
+  bool draining = false;
 };
 
 class IoEngine {
@@ -126,8 +129,9 @@ class IoEngine {
   // The status of a transfer this engine started; a finished one is
   // forgotten after it is reported once. A failed one is reported once it is
   // over: none of its operations is left with the provider (cancelled, or
-  // returned), or its drain ran out (1 s in which none came back, 10 s in
-  // all: drain_deadline.h).
+  // returned), or its drain ran out (1 s in which the provider returned
+  // nothing on its endpoint, 10 s in all: drain_deadline.h). Until then it
+  // is kInProgress with `draining` set.
   TransferStatus transfer_status(TransferId id);
   // Fails transfer `id` (one of a batch that failed elsewhere); its
   // operations are cancelled or drained as for any failed transfer.

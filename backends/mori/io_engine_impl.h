@@ -1,5 +1,6 @@
-// The state behind IoEngine (io_engine.h), who owns each piece of it, and
-// the engine's own helpers. Its code is in three files, by what it does:
+// The state behind IoEngine (io_engine.h) and who owns each piece of it,
+// with the posted operation (Op). Its code is in three files, by what it
+// does:
 //  - io_engine.cc: the API (creation, registration, peers, submissions,
 //    status), on the callers' threads or handed to the progress thread;
 //  - io_engine_progress.cc: the progress thread's passes (posting,
@@ -85,9 +86,12 @@ struct IoEngine::Impl {
     Clock::time_point deadline;
     DrainDeadline drain;      // failed: how long to wait for what the provider holds
     bool cancel_due = false;  // failed with operations posted: cancel them
-    // Failed and nothing of it left with the provider (or out of time).
-    bool over(Clock::time_point now) const {
-      return status.state != TransferState::kFailed || with_provider == 0 || drain.passed(now);
+    // Failed and nothing of it left with the provider (or out of time);
+    // `returned`: when its endpoint's provider last returned an operation.
+    bool over(Clock::time_point now, Clock::time_point returned) {
+      if (status.state != TransferState::kFailed || with_provider == 0) return true;
+      drain.progressed(returned);
+      return drain.passed(now);
     }
   };
 
@@ -144,6 +148,10 @@ struct IoEngine::Impl {
   std::map<TransferId, Transfer> transfers;
   std::map<uint32_t, std::string> nonces;  // peer nonce -> engine key
   std::set<TransferId> inbound;            // landed, not yet popped
+  // Per endpoint: when its provider last returned one of our operations.
+  // Draining transfers count it as progress: a provider busy with other
+  // transfers' operations ahead of theirs is not stuck.
+  std::vector<Clock::time_point> returned_at;
   std::vector<Retired> retired;
 
   ~Impl() {

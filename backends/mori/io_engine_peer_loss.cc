@@ -1,7 +1,8 @@
-// Peers that IoEngine loses (io_engine_impl.h): failed by the caller, by an
-// error that means they are gone, or by their process exiting; and the
-// engine giving its progress thread up when a post to a dead peer is stuck
-// for good.
+// Peers that IoEngine loses (io_engine_impl.h): a failed peer's transfers,
+// nonce and address go (fail_peer_locked, remove_retired); same-host peers
+// whose process exited are failed; and the engine gives its progress thread
+// up when a post to a dead peer is stuck for good (give_up_if_stuck,
+// wait_round).
 #include <fmt/format.h>
 #include <rdma/fi_domain.h>
 
@@ -12,8 +13,6 @@
 
 namespace pdkv::backends::mori {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // A post that waits this long on a peer whose process is gone is stuck for
 // good (peer_process.h): the engine gives its progress thread up.

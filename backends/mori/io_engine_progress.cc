@@ -16,8 +16,6 @@
 namespace pdkv::backends::mori {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // Idle, the progress thread still reads the completion queues this often:
 // manual-progress providers move inbound data only when polled.
 constexpr auto kIdleTick = std::chrono::milliseconds(1);
@@ -276,9 +274,13 @@ bool IoEngine::Impl::read_completions(Endpoint& e) {
     }
   }
   if (finished.empty() && landed.empty()) return false;
+  const auto now = Clock::now();
   std::lock_guard lock(mu);
   inbound.insert(landed.begin(), landed.end());
-  for (auto& f : finished) finish_op(std::move(f.op), f.error, f.err);
+  for (auto& f : finished) {
+    returned_at[f.op->endpoint] = now;
+    finish_op(std::move(f.op), f.error, f.err);
+  }
   return true;
 }
 
@@ -298,10 +300,7 @@ void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int 
   if (it == transfers.end()) return;
   Transfer& t = it->second;
   --t.with_provider;
-  if (t.status.state != TransferState::kInProgress) {  // failed earlier; now accounted for
-    t.drain.progressed(Clock::now());
-    return;
-  }
+  if (t.status.state != TransferState::kInProgress) return;  // failed earlier; now accounted for
   if (!error.is_ok()) {
     fail_transfer(t, error);
     if (peer_is_gone(err)) fail_peer_locked(t.peer, error);

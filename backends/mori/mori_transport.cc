@@ -119,8 +119,8 @@ class MoriTransport final : public Transport {
   }
 
   // A batch fails once one of its transfers failed and the others have
-  // ended too (they are cancelled): kFailed means none of its bytes moves
-  // any more.
+  // ended too (they are cancelled as soon as one has failed, while it still
+  // drains): kFailed means none of its bytes moves any more.
   BatchStatus poll(BatchId batch_id) override {
     std::lock_guard lock(mu_);
     auto b = batches_.find(batch_id);
@@ -130,15 +130,15 @@ class MoriTransport final : public Transport {
     Batch& batch = b->second;
     for (auto it = batch.open.begin(); it != batch.open.end();) {
       const TransferStatus st = engine_->transfer_status(*it);
-      if (st.state == TransferState::kInProgress) {
-        ++it;
-        continue;
-      }
-      if (st.state == TransferState::kFailed && batch.error.is_ok()) {
+      if ((st.state == TransferState::kFailed || st.draining) && batch.error.is_ok()) {
         batch.error = st.error;
         for (TransferId other : batch.open) {
           if (other != *it) engine_->cancel_transfer(other, st.error);
         }
+      }
+      if (st.state == TransferState::kInProgress) {
+        ++it;
+        continue;
       }
       it = batch.open.erase(it);
     }

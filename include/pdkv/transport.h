@@ -15,7 +15,8 @@
 // sent, and waits until what it did send is either acknowledged or cut off
 // (drain, then close) before it reports. The one limit: a peer that stops
 // reading (a frozen process) cannot acknowledge, so after the backend's drain
-// limit (at most a second) the connection is closed and the batch reported;
+// limit (at most a second without progress, 10 s in all) the connection is
+// closed and the batch reported;
 // bytes the peer's kernel had already received before the close may still be
 // written by it, into the failed batch's target range, as it thaws.
 #pragma once

@@ -45,6 +45,12 @@ TEST(DrainDeadline, EndedItHasPassedWhateverComesAfter) {
   EXPECT_TRUE(d.passed(t0 + milliseconds(200)));
 }
 
+TEST(DrainDeadline, EndedAfterItPassedItStaysPassedFromWhenItDid) {
+  DrainDeadline d(t0, milliseconds(500), milliseconds(10000));
+  d.end(t0 + milliseconds(800));  // it had passed at 500 already
+  EXPECT_TRUE(d.passed(t0 + milliseconds(500)));
+}
+
 TEST(DrainDeadline, ADefaultOneHasPassed) { EXPECT_TRUE(DrainDeadline().passed(t0)); }
 
 }  // namespace
