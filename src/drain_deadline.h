@@ -23,8 +23,9 @@ class DrainDeadline {
   DrainDeadline(Clock::time_point start, Clock::duration quiet, Clock::duration cap)
       : quiet_(quiet), cap_(start + cap), until_(std::min(start + quiet, cap_)) {}
 
-  // The library returned an operation of the transfer (or showed progress
-  // otherwise): the wait goes on for `quiet` from now, within the cap.
+  // The library showed progress at `now` (it returned an operation, of this
+  // transfer or of another on the same connection): the wait goes on for
+  // `quiet` from then, within the cap.
   void progressed(Clock::time_point now) {
     until_ = std::max(until_, std::min(now + quiet_, cap_));
   }

@@ -129,9 +129,8 @@ class IoEngine {
   // The status of a transfer this engine started; a finished one is
   // forgotten after it is reported once. A failed one is reported once it is
   // over: none of its operations is left with the provider (cancelled, or
-  // returned), or its drain ran out (1 s in which the provider returned
-  // nothing on its endpoint, 10 s in all: drain_deadline.h). Until then it
-  // is kInProgress with `draining` set.
+  // returned), or its drain ran out (kDrainQuiet, kDrainCap:
+  // io_engine_progress.cc). Until then it is kInProgress with `draining` set.
   TransferStatus transfer_status(TransferId id);
   // Fails transfer `id` (one of a batch that failed elsewhere); its
   // operations are cancelled or drained as for any failed transfer.

@@ -27,8 +27,9 @@ constexpr auto kHotWindow = std::chrono::milliseconds(5);
 // bounds that work.
 constexpr size_t kPostBurst = 256;
 // A failed transfer's operations still with the provider are cancelled; it
-// is over when the provider has returned them all, or once it returned none
-// for kDrainQuiet, or kDrainCap after the failure (drain_deadline.h).
+// is over when the provider has returned them all, or once it returned no
+// operation on the transfer's endpoint for kDrainQuiet, or kDrainCap after
+// the failure (drain_deadline.h).
 constexpr auto kDrainQuiet = std::chrono::milliseconds(1000);
 constexpr auto kDrainCap = std::chrono::milliseconds(10000);
 
