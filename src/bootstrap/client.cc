@@ -14,13 +14,19 @@ void set_deadline(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) {
 
 // A bootstrap service that went away is tried again about every half
 // second (gRPC's default backoff grows to two minutes), so that ranks
-// register again, and lookups resume, moments after it is back. (Not
-// GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: that bounds each connect attempt.)
+// register again, and lookups resume, moments after it is back. One attempt
+// (TCP, TLS and HTTP/2 handshakes) may take 2 s; gRPC's default of 20 s
+// (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS bounds the attempt, not the backoff)
+// held a rank unregistered that long when the service's kernel accepted the
+// connection but the service never answered it (frozen, then replaced).
+constexpr int kConnectAttemptMs = 2000;
+
 std::shared_ptr<grpc::Channel> bootstrap_channel(const std::string& address,
                                                  const Security& security) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kConnectAttemptMs);
   return security::make_channel(address, args, security);
 }
 

@@ -1,6 +1,13 @@
 // The bootstrap service: registry rules directly, then the same over gRPC.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
 
 #include "bootstrap/client.h"
 #include "bootstrap/registry.h"
@@ -185,6 +192,41 @@ TEST_F(BootstrapOverGrpc, OtherProtocolVersionRefused) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(s.error_message(),
             "peer speaks pdkv protocol version 99, this process speaks version 2");
+}
+
+// A service that never answers a connection its kernel accepted (a frozen
+// process, replaced on the same port by its supervisor) must not hold a
+// rank's connection attempt for gRPC's default 20 s: the attempt is given
+// up and the new service is found within seconds.
+TEST(BootstrapClient, AnAttemptTheServiceNeverAnswersIsGivenUpForItsSuccessor) {
+  const int mute = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(mute, 0);
+  const int one = 1;
+  ::setsockopt(mute, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof at;
+  ASSERT_EQ(::bind(mute, reinterpret_cast<sockaddr*>(&at), sizeof at), 0);
+  ASSERT_EQ(::listen(mute, 4), 0);
+  ASSERT_EQ(::getsockname(mute, reinterpret_cast<sockaddr*>(&at), &length), 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(at.sin_port));
+
+  bootstrap::Client client(address, Security{});
+  auto registered = std::async(
+      std::launch::async, [&] { return client.register_rank(registered_rank(0, 1), 8s).status(); });
+  // The client's first attempt reaches the mute listener; it stays open,
+  // silent, while the real service takes the port over.
+  pollfd wait{mute, POLLIN, 0};
+  ASSERT_EQ(::poll(&wait, 1, 5000), 1) << "the client never connected";
+  const int held = ::accept4(mute, nullptr, nullptr, SOCK_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ::close(mute);
+  auto server = BootstrapServer::start(address);
+  ASSERT_TRUE(server.is_ok()) << server.status().message();
+  const Status st = registered.get();
+  ::close(held);
+  EXPECT_TRUE(st.is_ok()) << st.message();
 }
 
 }  // namespace
