@@ -155,16 +155,7 @@ Status Run::configure() {
   // them (then the engine ignores the staging pool), so they get one.
   if ((cfg_.staging != Staging::kOff && cfg_.staging != Staging::kNaive) ||
       shape_.device_kind() != MemoryKind::kHost) {
-    // Room for a window of requests: a decode rank stages at most its own
-    // share of a request; a prefill rank gathers its share once per
-    // destination (up to D/P of them, more under GQA replication).
-    const uint64_t share = uint64_t{shape_.layers} * cfg_.kv.buffers_per_layer() *
-                           shape_.pages_per_request() * cfg_.kv.page_bytes(heads_.count);
-    const uint64_t fan_out =
-        prefill_
-            ? std::max<uint64_t>(1, (shape_.decode_tp + shape_.prefill_tp - 1) / shape_.prefill_tp)
-            : 1;
-    cfg_.staging_bytes = shape_.window * share * fan_out;
+    PDKV_ASSIGN_OR_RETURN(cfg_.staging_bytes, shape_.staging_bytes(args_.role, args_.tp_rank));
   }
   return Status::ok();
 }

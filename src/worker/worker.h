@@ -82,6 +82,12 @@ struct Shape {
   Result<TransportOptions> transport_options() const;
   Result<FaultSpec> fault_spec() const;
   Result<Timeouts> timeouts() const;
+  // The staging pool one rank needs for --window requests in flight: a
+  // decode rank stages its own heads of a request; a prefill rank gathers
+  // what it sends, each of its heads once per destination it writes it to
+  // (more than once only where decode TP replicates heads). An error names
+  // a TP that does not divide the heads.
+  Result<uint64_t> staging_bytes(Role role, uint32_t tp_rank) const;
 };
 
 // The rooms one rank serves, in order: first, first + stride, ... up to
