@@ -20,6 +20,7 @@
 
 #include "event_loop.h"
 #include "frame_io.h"
+#include "shared_pool.h"
 #include "transfer_engine.h"
 
 namespace pdkv::backends::mooncake {
@@ -148,6 +149,9 @@ class Peer {
   bool fail_if_unreachable();
   std::string rails_report() const;
   void drain_same_host();
+  // Copies queued slices whose target lies in a mapped shared buffer, up to
+  // the budget of one turn; returns them.
+  Slices copy_mapped();
   void fall_back_to_tcp(const std::string& why);
 
   TransferEngine::Impl& core_;
@@ -161,6 +165,7 @@ class Peer {
   bool draining_ = false;
   size_t one_at_a_time_ = 0;  // same-host slices to copy singly, after a bad address
   int pidfd_ = -1;
+  PeerMappings mapped_;  // the peer's shared buffers, on the same-host path
   std::unique_ptr<ExitWatch> exit_watch_;
   std::map<BatchId, Clock::time_point> cancelled_;  // batch -> end of its drain
   Status failure_;
@@ -265,6 +270,10 @@ struct TransferEngine::Impl {
 
   mutable std::shared_mutex buffers_mu;
   std::vector<SegmentDescriptor::Buffer> buffers;  // registered local memory
+  SharedPools shared_pools;                        // allocate_shared()
+
+  // Loop threads count; any thread reads (same_host_bytes()).
+  std::atomic<uint64_t> same_host_mapped_bytes{0}, same_host_kernel_bytes{0};
 
   mutable std::mutex mu;
   std::map<BatchId, Batch> batches;

@@ -94,6 +94,14 @@ class MooncakeTransport final : public Transport {
     return caps;
   }
 
+  // Pools in shared memory, which peers on this host copy into with memcpy;
+  // ordinary memory where they never would (same_host=off).
+  Result<MemoryRegion> allocate(uint64_t length) override {
+    if (same_host_ == SameHost::kOff) return Transport::allocate(length);
+    PDKV_ASSIGN_OR_RETURN(void* base, engine_->allocate_shared(length));
+    return MemoryRegion{base, length};
+  }
+
   Result<RegionKey> register_region(const MemoryRegion& region) override {
     if (region.kind != MemoryKind::kHost) {
       return Status::invalid_argument(

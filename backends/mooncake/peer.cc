@@ -1,12 +1,14 @@
 // A peer segment: which rail each slice takes, what happens when a rail
 // fails (retry elsewhere, or give up with every rail's reason), and the
-// same-host path, where slices are copied with process_vm_writev instead.
+// same-host path, where slices are copied with memcpy into the peer's
+// shared pools, or else by the kernel (process_vm_writev), instead.
 #include <fmt/format.h>
 #include <sys/epoll.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -66,6 +68,14 @@ void Peer::start(bool same_host, int pidfd) {
   if (pidfd_ >= 0) {
     exit_watch_ = std::make_unique<ExitWatch>(*this);
     loop_.loop.add(pidfd_, EPOLLIN, exit_watch_.get());
+  }
+  if (same_host_ && pidfd_ >= 0) {
+    const Status mapped = mapped_.map(pidfd_, desc_.buffers);
+    if (!mapped.is_ok()) {
+      logger("mooncake")
+          ->info("segment {}: a shared buffer is not mapped ({}); the kernel copies into it",
+                 desc_.name, mapped.message());
+    }
   }
   if (!same_host_) {
     for (auto& rail : rails_) rail->connect();  // early, so that the first request finds them up
@@ -277,6 +287,14 @@ void Peer::fall_back_to_tcp(const std::string& why) {
 void Peer::drain_same_host() {
   draining_ = false;
   if (!same_host_ || !failure_.is_ok() || same_host_queue_.empty()) return;
+  if (Slices copied = copy_mapped(); !copied.empty()) {
+    core_.complete(copied);
+    if (!same_host_queue_.empty()) {
+      draining_ = true;
+      loop_.loop.post([this] { drain_same_host(); });
+    }
+    return;
+  }
   std::vector<iovec> local, remote;
   const Opcode opcode = same_host_queue_.front()->opcode;
   uint64_t bytes = 0;
@@ -287,7 +305,7 @@ void Peer::drain_same_host() {
   if (one_at_a_time_ > 0) --one_at_a_time_;
   for (; n < same_host_queue_.size() && n < most && bytes < kSameHostBudget; ++n) {
     const Slice& s = *same_host_queue_[n];
-    if (s.opcode != opcode) break;
+    if (s.opcode != opcode || mapped_.local(s.remote, s.length) != nullptr) break;
     local.push_back({s.local, s.length});
     remote.push_back({reinterpret_cast<void*>(s.remote), s.length});
     bytes += s.length;
@@ -316,6 +334,7 @@ void Peer::drain_same_host() {
       same_host_queue_.pop_front();
     }
   } else {
+    core_.same_host_kernel_bytes += static_cast<uint64_t>(r);
     // A short count stops at a failing slice; the next call reports its error.
     Slices done;
     uint64_t left = static_cast<uint64_t>(r);
@@ -337,6 +356,29 @@ void Peer::drain_same_host() {
     draining_ = true;
     loop_.loop.post([this] { drain_same_host(); });
   }
+}
+
+Slices Peer::copy_mapped() {
+  Slices done;
+  uint64_t bytes = 0;
+  while (!same_host_queue_.empty() && bytes < kSameHostBudget) {
+    Slice& s = *same_host_queue_.front();
+    char* there = mapped_.local(s.remote, s.length);
+    if (there == nullptr) break;
+    if (s.opcode == Opcode::kWrite) {
+      std::memcpy(there, s.local, s.length);
+    } else {
+      std::memcpy(s.local, there, s.length);
+    }
+    bytes += s.length;
+    done.push_back(std::move(same_host_queue_.front()));
+    same_host_queue_.pop_front();
+  }
+  // The copies before the completions that the peer learns of later (the
+  // kernel's copy was ordered by its system call).
+  std::atomic_thread_fence(std::memory_order_release);
+  core_.same_host_mapped_bytes += bytes;
+  return done;
 }
 
 }  // namespace pdkv::backends::mooncake

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <charconv>
+#include <climits>
 #include <fstream>
 #include <sstream>
 
@@ -17,8 +18,9 @@
 namespace pdkv::backends::mooncake {
 namespace {
 
-constexpr std::string_view kMagic = "pdkv-mooncake-1";
+constexpr std::string_view kMagic = "pdkv-mooncake-2";
 constexpr uint64_t kMaxEntries = 1 << 20;
+constexpr uint64_t kNotShared = ~uint64_t{0};  // a buffer's memfd field
 
 }  // namespace
 
@@ -36,6 +38,7 @@ std::string SegmentDescriptor::encode() const {
   for (const auto& b : buffers) {
     w.u64(b.base);
     w.u64(b.length);
+    w.u64(b.memfd < 0 ? kNotShared : static_cast<uint64_t>(b.memfd));
   }
   return w.take();
 }
@@ -63,14 +66,20 @@ Result<SegmentDescriptor> SegmentDescriptor::decode(std::string_view blob) {
       return Status::invalid_argument("mooncake descriptor truncated in its rails");
     d.rails.emplace_back(rail);
   }
-  if (!r.u64(buffers) || buffers > kMaxEntries || buffers > r.left() / 16) {
+  if (!r.u64(buffers) || buffers > kMaxEntries || buffers > r.left() / 24) {
     return Status::invalid_argument("mooncake descriptor truncated before its buffers");
   }
   d.buffers.resize(buffers);
   for (auto& b : d.buffers) {
-    if (!r.u64(b.base) || !r.u64(b.length) || b.base + b.length < b.base) {
+    uint64_t memfd = 0;
+    if (!r.u64(b.base) || !r.u64(b.length) || !r.u64(memfd) || b.base + b.length < b.base) {
       return Status::invalid_argument("mooncake descriptor truncated in its buffers");
     }
+    if (memfd != kNotShared && memfd > uint64_t{INT32_MAX}) {
+      return Status::invalid_argument(
+          fmt::format("mooncake descriptor: buffer memfd {} is no file descriptor", memfd));
+    }
+    b.memfd = memfd == kNotShared ? -1 : static_cast<int32_t>(memfd);
   }
   if (!r.done()) return Status::invalid_argument("mooncake descriptor has trailing bytes");
   return d;

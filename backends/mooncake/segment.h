@@ -1,7 +1,8 @@
 // A mooncake segment: one per process, named by its address. Its descriptor
 // is what a peer needs to reach it: the addresses it listens on (one per
 // rail), the session secret a connection must present, its registered
-// buffers, and who it is on this host (for the same-host path).
+// buffers (with the memfds of those in shared memory), and who it is on
+// this host (for the same-host path).
 #pragma once
 
 #include <sys/socket.h>
@@ -20,6 +21,9 @@ namespace pdkv::backends::mooncake {
 struct SegmentDescriptor {
   struct Buffer {
     uint64_t base = 0, length = 0;  // virtual addresses in the segment's process
+    // The number, in the segment's process, of a sealed memfd whose offset 0
+    // holds `base` (shared_pool.h); -1 when the buffer is not shared.
+    int32_t memfd = -1;
   };
   std::string name;           // "ip:port" of its first rail
   std::string host_identity;  // equal on both sides => process_vm_* can reach `pid`

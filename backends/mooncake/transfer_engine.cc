@@ -240,11 +240,21 @@ Result<std::unique_ptr<TransferEngine>> TransferEngine::create(EngineConfig conf
   return std::unique_ptr<TransferEngine>(new TransferEngine(std::move(impl)));
 }
 
+Result<void*> TransferEngine::allocate_shared(uint64_t length) {
+  std::unique_lock lock(impl_->buffers_mu);
+  return impl_->shared_pools.allocate(length);
+}
+
 Status TransferEngine::register_local_memory(void* addr, uint64_t length) {
   if (addr == nullptr || length == 0) return Status::invalid_argument("mooncake: empty buffer");
+  const auto base = reinterpret_cast<uint64_t>(addr);
   std::unique_lock lock(impl_->buffers_mu);
-  impl_->buffers.push_back({reinterpret_cast<uint64_t>(addr), length});
+  impl_->buffers.push_back({base, length, impl_->shared_pools.memfd_of(base, length).value_or(-1)});
   return Status::ok();
+}
+
+TransferEngine::SameHostBytes TransferEngine::same_host_bytes() const {
+  return {impl_->same_host_mapped_bytes.load(), impl_->same_host_kernel_bytes.load()};
 }
 
 std::string TransferEngine::segment_descriptor() const {

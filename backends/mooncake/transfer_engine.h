@@ -8,7 +8,8 @@
 // pair where a host has several NICs); a target acknowledges a slice once it
 // is in memory, and "completed" means every slice is acknowledged. A slice
 // that fails on one rail is retried on another. A peer on the same host is
-// written with process_vm_writev (one copy) instead, unless switched off.
+// written with process_vm_writev (one copy) instead, unless switched off,
+// or with memcpy into its pools where they are shared memory (allocate_shared).
 // Only peers that present the session secret of this segment's descriptor
 // may write into it, and only inside its registered buffers.
 #pragma once
@@ -74,6 +75,9 @@ class TransferEngine {
   static Result<std::unique_ptr<TransferEngine>> create(EngineConfig config);
   ~TransferEngine();
 
+  // Zeroed memory in a sealed memfd, owned by the engine, to register next:
+  // a peer on this host maps it and copies into it with memcpy (shared_pool.h).
+  Result<void*> allocate_shared(uint64_t length);
   Status register_local_memory(void* addr, uint64_t length);
   // This segment's descriptor (with the buffers registered so far).
   std::string segment_descriptor() const;
@@ -107,6 +111,13 @@ class TransferEngine {
   // Orders the caller's accesses to this segment's buffers before what
   // peers later write into them or read from them.
   void release_to_peers();
+
+  // Bytes this engine moved on the same-host path since it started: through
+  // a peer's shared memory mapped here, and by the kernel (process_vm_*v).
+  struct SameHostBytes {
+    uint64_t mapped = 0, kernel = 0;
+  };
+  SameHostBytes same_host_bytes() const;
 
   struct Impl;
 

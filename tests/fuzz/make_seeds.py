@@ -85,9 +85,10 @@ def seeds():
     out["control"] = [b"\x00\x07" + info, b"\x01\x07" + status, b"\x01\x07" + failed,
                       b"\x02\x07" + abort, b"\x00\x03" + notice, b"\x00\x00" + info]
 
-    mooncake = (blob("pdkv-mooncake-1") + blob("127.0.0.1:5000") + blob("host") + u64(1) +
-                u64(2) + blob(b"s" * 32) + u64(1) + blob("127.0.0.1:5000") + u64(1) +
-                u64(0x10000) + u64(4096))
+    # Buffers: base, length, memfd (all ones: not shared).
+    mooncake = (blob("pdkv-mooncake-2") + blob("127.0.0.1:5000") + blob("host") + u64(1) +
+                u64(2) + blob(b"s" * 32) + u64(1) + blob("127.0.0.1:5000") + u64(2) +
+                u64(0x10000) + u64(4096) + u64(2**64 - 1) + u64(0x20000) + u64(4096) + u64(5))
     mori = (blob("pdkv-mori-1") + blob("engine") + u64(3) + blob("host") + u64(1) +
             blob("tcp;ofi_rxm") + blob(b"addr") + u64(1) + u64(0) + u64(0x10000) + u64(4096) +
             u64(1) + u64(0x1234))

@@ -1,0 +1,115 @@
+#include "shared_pool.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438  // the same on every architecture (Linux 5.6)
+#endif
+
+namespace pdkv::backends::mooncake {
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+// "" when `fd` is a memfd of at least `length` bytes that can never shrink;
+// else why not. Only such a mapping is safe to write into: the peer
+// controls the file, and a page beyond its end would kill this process.
+std::string check_sealed(int fd, uint64_t length) {
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) return "not a sealable memfd: " + errno_text();
+  if ((seals & F_SEAL_SHRINK) == 0) return "not sealed against shrinking";
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return "fstat: " + errno_text();
+  if (static_cast<uint64_t>(st.st_size) < length) {
+    return fmt::format("{} bytes, less than the buffer's {}", st.st_size, length);
+  }
+  return "";
+}
+
+}  // namespace
+
+SharedPools::~SharedPools() {
+  for (const Pool& p : pools_) {
+    ::munmap(reinterpret_cast<void*>(p.base), p.length);
+    ::close(p.memfd);
+  }
+}
+
+Result<void*> SharedPools::allocate(uint64_t length) {
+  if (length == 0) return Status::invalid_argument("mooncake: a shared pool of 0 bytes");
+  const int fd = ::memfd_create("pdkv-mooncake-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Status::unavailable("memfd_create: " + errno_text());
+  // Sealed at its size: a peer that maps it can trust that no page it
+  // writes will vanish under it (a shrunk memfd would raise SIGBUS there).
+  if (::ftruncate(fd, static_cast<off_t>(length)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    return Status::unavailable(fmt::format("sizing and sealing a {}-byte memfd: {}", length, why));
+  }
+  void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    const std::string why = errno_text();
+    ::close(fd);
+    return Status::unavailable(fmt::format("mmap of a {}-byte memfd: {}", length, why));
+  }
+  pools_.push_back({reinterpret_cast<uint64_t>(base), length, fd});
+  return base;
+}
+
+std::optional<int> SharedPools::memfd_of(uint64_t addr, uint64_t length) const {
+  for (const Pool& p : pools_) {
+    if (addr == p.base && length <= p.length) return p.memfd;
+  }
+  return std::nullopt;
+}
+
+PeerMappings::~PeerMappings() {
+  for (const Mapping& m : mappings_) ::munmap(m.local, m.remote.length);
+}
+
+Status PeerMappings::map(int pidfd, std::span<const SegmentDescriptor::Buffer> buffers) {
+  Status first_failure;
+  for (const auto& b : buffers) {
+    if (b.memfd < 0) continue;
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, b.memfd, 0));
+    void* local = MAP_FAILED;
+    std::string why;
+    if (fd < 0) {
+      why = fmt::format("pidfd_getfd of its memfd {}: {}", b.memfd, errno_text());
+    } else {
+      why = check_sealed(fd, b.length);
+      if (why.empty()) {
+        local = ::mmap(nullptr, b.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (local == MAP_FAILED) why = "mmap: " + errno_text();
+      }
+      ::close(fd);  // the mapping keeps the memory
+      if (!why.empty()) why = fmt::format("its memfd {}: {}", b.memfd, why);
+    }
+    if (local == MAP_FAILED) {
+      if (first_failure.is_ok()) first_failure = Status::unavailable(why);
+      continue;
+    }
+    mappings_.push_back({b, static_cast<char*>(local)});
+  }
+  return first_failure;
+}
+
+char* PeerMappings::local(uint64_t remote, uint64_t length) const {
+  for (const Mapping& m : mappings_) {
+    if (find_buffer({&m.remote, 1}, remote, length) != nullptr) {
+      return m.local + (remote - m.remote.base);
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace pdkv::backends::mooncake
