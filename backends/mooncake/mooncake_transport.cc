@@ -85,12 +85,14 @@ class MooncakeTransport final : public Transport {
     TransportCapabilities caps;
     caps.reads = true;
     caps.notifications = true;
-    // Measured at 512-byte fragments (docs/benchmarks.md): a slice over TCP
-    // costs about 5 us (its frame, its share of an ACK), a same-host slice
-    // in a batched process_vm_writev about 0.5 us. The cheaper figure only
-    // when every peer must be on this host: with `auto` a peer elsewhere
-    // (or one whose same-host path is refused) goes over TCP.
-    caps.write_overhead_bytes = same_host_ == SameHost::kRequire ? 8192 : 65536;
+    // From the naive and 1 -> 1 rows of docs/benchmarks.md: a slice over TCP
+    // costs 5-15 us (its frame, its share of an ACK, the loop's turn), so
+    // staging pays for page-sized (32 KiB) fragments already; a same-host
+    // slice well under 1 us. `auto` may reach a peer either way: its figure
+    // stages small fragments but writes pages to a same-host peer in place.
+    caps.write_overhead_bytes = same_host_ == SameHost::kRequire ? 8192
+                                : same_host_ == SameHost::kOff   ? 262144
+                                                                 : 65536;
     return caps;
   }
 

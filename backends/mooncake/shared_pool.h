@@ -32,7 +32,7 @@ class SharedPools {
   SharedPools& operator=(const SharedPools&) = delete;
   ~SharedPools();
 
-  // `length` zeroed bytes, shared, page-aligned.
+  // `length` zeroed bytes, shared, page-aligned, their pages allocated.
   Result<void*> allocate(uint64_t length);
   // The memfd holding [addr, addr + length) from its offset 0, if any.
   std::optional<int> memfd_of(uint64_t addr, uint64_t length) const;
@@ -67,7 +67,7 @@ class PeerMappings {
     SegmentDescriptor::Buffer remote;
     char* local;
   };
-  std::vector<Mapping> mappings_;
+  std::vector<Mapping> mappings_;  // by remote.base: local() runs once per slice
 };
 
 }  // namespace pdkv::backends::mooncake

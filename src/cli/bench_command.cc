@@ -146,8 +146,12 @@ worker::Shape shape_of(const Scenario& s, bool quick) {
                                      20;
     shape.window = static_cast<uint32_t>(
         std::clamp<uint64_t>(1024 / std::max<uint64_t>(1, per_request_mib), 1, 4));
-    // One window warms every slot of the pools first.
+    // One window warms every slot of the pools first. Its requests also pay
+    // for the first touch of every page, which on these VMs takes a 4 GiB
+    // request past the default 30 s transfer timeout: allow 30 ms a MiB.
     shape.warmup = shape.window;
+    shape.engine_timeouts = {
+        fmt::format("transfer={}", std::max<uint64_t>(30'000, 30 * per_request_mib))};
     shape.requests = shape.warmup + (quick ? 2 * shape.window : 4 * shape.window);
     if (s.staging == "naive") {
       shape.requests = shape.warmup + shape.window;  // per-token writes are slow by design

@@ -20,9 +20,8 @@
 #include <optional>
 #include <set>
 
+#include "cli/parent_watch.h"
 #include "cli/shape_flags.h"
-
-extern char** environ;
 
 namespace pdkv::cli {
 namespace {
@@ -58,7 +57,12 @@ Status spawn(Child& c, const std::vector<std::string>& args) {
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const int rc = posix_spawn(&c.pid, argv[0], &actions, nullptr, argv.data(), environ);
+  // Each child ends when this process does (parent_watch.h).
+  const std::vector<std::string> env = child_environment();
+  std::vector<char*> envp;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const int rc = posix_spawn(&c.pid, argv[0], &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   close(fds[1]);
   if (rc != 0) {

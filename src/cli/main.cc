@@ -5,8 +5,10 @@
 #include <spdlog/cfg/env.h>
 
 #include "cli/command.h"
+#include "cli/parent_watch.h"
 
 int main(int argc, char** argv) {
+  pdkv::cli::stop_with_parent();
   // Log levels from SPDLOG_LEVEL (e.g. "warn", or "engine=debug"); pdkv run
   // starts its workers with "warn" unless the user chose.
   spdlog::cfg::load_env_levels();

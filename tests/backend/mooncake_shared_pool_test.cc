@@ -156,5 +156,28 @@ TEST(MooncakeSharedPool, AMemfdThatCouldShrinkOrIsTooSmallIsNotMapped) {
   }
 }
 
+TEST(MooncakeSharedPool, EachOfSeveralMappedBuffersIsFoundByAddress) {
+  // Listed out of address order, with a gap between them.
+  OwnMemfd high(8192, F_SEAL_SHRINK), low(4096, F_SEAL_SHRINK);
+  const SegmentDescriptor::Buffer buffers[] = {{0x40000, 8192, high.fd}, {0x10000, 4096, low.fd}};
+  PeerMappings m;
+  ASSERT_TRUE(m.map(low.pidfd, buffers).is_ok());
+  char* in_low = m.local(0x10000, 4096);
+  char* in_high = m.local(0x40000 + 4096, 4096);
+  ASSERT_NE(in_low, nullptr);
+  ASSERT_NE(in_high, nullptr);
+  // Each address reaches its own memfd: what is copied there is in the file.
+  std::memcpy(in_low, "low", 3);
+  std::memcpy(in_high, "high", 4);
+  char got[4] = {};
+  ASSERT_EQ(::pread(low.fd, got, 3, 0), 3);
+  EXPECT_EQ(std::string(got, 3), "low");
+  ASSERT_EQ(::pread(high.fd, got, 4, 4096), 4);
+  EXPECT_EQ(std::string(got, 4), "high");
+  EXPECT_EQ(m.local(0x10000 + 4096, 1), nullptr);  // the gap
+  EXPECT_EQ(m.local(0x0fff0, 32), nullptr);        // starts below the first
+  EXPECT_EQ(m.local(0x40000 + 8192, 1), nullptr);  // past the last
+}
+
 }  // namespace
 }  // namespace pdkv::backends::mooncake

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -207,19 +208,21 @@ void PrintTo(const Victim& v, std::ostream* os) {
 
 class KilledWorker : public ::testing::TestWithParam<Victim> {};
 
-TEST_P(KilledWorker, FailsTheRunNamingTheRank) {
-  int err[2];
-  ASSERT_EQ(pipe2(err, O_CLOEXEC), 0);
+// A long `pdkv run` (100,000 requests) of `backend`, P 2 -> D 2, whose
+// stderr (its progress) comes through `err`; -1 when it cannot start.
+pid_t start_long_run(const std::string& backend, const std::vector<std::string>& options,
+                     int& err) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  std::vector<std::string> args = {PDKV_BIN,       "run",    "--backend",   GetParam().backend,
-                                   "--prefill-tp", "2",      "--decode-tp", "2",
-                                   "--requests",   "100000", "--tokens",    "64",
-                                   "--head-dim",   "16",     "--layers",    "2",
-                                   "--timeout",    "120"};
-  for (const auto& option : GetParam().options) {
+  std::vector<std::string> args = {
+      PDKV_BIN,      "run", "--backend",  backend,  "--prefill-tp", "2",
+      "--decode-tp", "2",   "--requests", "100000", "--tokens",     "64",
+      "--head-dim",  "16",  "--layers",   "2",      "--timeout",    "120"};
+  for (const auto& option : options) {
     args.push_back("--backend-opt");
     args.push_back(option);
   }
@@ -227,17 +230,32 @@ TEST_P(KilledWorker, FailsTheRunNamingTheRank) {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t run = -1;
-  ASSERT_EQ(posix_spawn(&run, PDKV_BIN, &actions, nullptr, argv.data(), environ), 0);
+  if (posix_spawn(&run, PDKV_BIN, &actions, nullptr, argv.data(), environ) != 0) run = -1;
   posix_spawn_file_actions_destroy(&actions);
-  close(err[1]);
-  // Wait until requests flow, then kill decode rank 1.
-  std::string log;
+  close(fds[1]);
+  err = fds[0];
+  return run;
+}
+
+// Reads `err` into `log` until the run reports finished requests; false if
+// it ended first.
+bool wait_for_requests(int err, std::string& log) {
   char buf[4096];
   while (log.find("requests done") == std::string::npos) {
-    const ssize_t n = read(err[0], buf, sizeof buf);
-    ASSERT_GT(n, 0) << "pdkv run ended early: " << log;
+    const ssize_t n = read(err, buf, sizeof buf);
+    if (n <= 0) return false;
     log.append(buf, n);
   }
+  return true;
+}
+
+TEST_P(KilledWorker, FailsTheRunNamingTheRank) {
+  int err = -1;
+  const pid_t run = start_long_run(GetParam().backend, GetParam().options, err);
+  ASSERT_GT(run, 0);
+  // Wait until requests flow, then kill decode rank 1.
+  std::string log;
+  ASSERT_TRUE(wait_for_requests(err, log)) << "pdkv run ended early: " << log;
   const auto victims = children_of(run, "decode --engine-id decode ");
   std::vector<pid_t> rank1;
   for (pid_t p : victims) {
@@ -254,14 +272,47 @@ TEST_P(KilledWorker, FailsTheRunNamingTheRank) {
     ASSERT_LT(std::chrono::steady_clock::now() - killed, 10s) << "pdkv run did not notice";
     std::this_thread::sleep_for(10ms);
   }
+  char buf[4096];
   ssize_t n;
-  while ((n = read(err[0], buf, sizeof buf)) > 0) log.append(buf, n);
-  close(err[0]);
+  while ((n = read(err, buf, sizeof buf)) > 0) log.append(buf, n);
+  close(err);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
   EXPECT_NE(log.find("pdkv run: decode rank 1 (pid " + std::to_string(rank1[0]) +
                      ") died: killed by signal 9"),
             std::string::npos)
       << log;
+}
+
+// The router killed outright (it can clean nothing up): the bootstrap
+// service and every rank it started end too, within seconds, rather than
+// hold their ports and pools. This process adopts them (a subreaper), so it
+// can reap them, and end any left over by pid.
+TEST(Run, ItsProcessesEndWhenTheRouterIsKilled) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  int err = -1;
+  const pid_t run = start_long_run("mooncake", {}, err);
+  ASSERT_GT(run, 0);
+  std::string log;
+  ASSERT_TRUE(wait_for_requests(err, log)) << "pdkv run ended early: " << log;
+  std::vector<pid_t> started = children_of(run, PDKV_BIN);
+  ASSERT_EQ(started.size(), 5u) << "bootstrap + 2 prefill + 2 decode ranks; " << log;
+  kill(run, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(run, &status, 0), run);
+  close(err);
+
+  const auto killed = std::chrono::steady_clock::now();
+  std::vector<pid_t> left = started;
+  while (!left.empty() && std::chrono::steady_clock::now() - killed < 10s) {
+    std::erase_if(left, [&](pid_t p) { return waitpid(p, &status, WNOHANG) == p; });
+    std::this_thread::sleep_for(10ms);
+  }
+  for (pid_t p : left) {  // still running: ended here, and the test fails
+    kill(p, SIGKILL);
+    waitpid(p, &status, 0);
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " of " << started.size()
+                            << " processes outlived the router by 10 s";
 }
 
 #ifdef PDKV_WITH_NIXL
