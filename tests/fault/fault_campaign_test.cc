@@ -112,9 +112,9 @@ int64_t now_ms() {
       .count();
 }
 
-constexpr uint32_t kRequests = 300;  // 150 per decode engine, one every 20 ms
 constexpr uint32_t kEngines = 2, kTp = 2;
-constexpr uint32_t kVictimRoomsLeft = 24;  // a killed rank's rooms still to come
+constexpr uint32_t kVictimRoomsLeft = 24;   // a killed rank's rooms still to come
+constexpr uint64_t kRoomsBeforeFault = 20;  // every peer known, the pace steady
 // The limits: named within 3 s, healed within 5 s. A sanitizer build
 // (several times slower in every process) is given twice as long.
 #ifdef PDKV_SANITIZED_BUILD
@@ -123,6 +123,29 @@ constexpr int64_t kSlowdown = 2;
 constexpr int64_t kSlowdown = 1;
 #endif
 constexpr int64_t kDetectLimitMs = 3000 * kSlowdown, kRecoverLimitMs = 5000 * kSlowdown;
+// The bootstrap service's absence, and the most its restart may take (a
+// sanitizer build's start-up under CI's load took over 3 s).
+constexpr int64_t kAbsenceMs = 2000, kRestartMs = 3000 * kSlowdown;
+
+// How many requests a trial's workers make, one each `interval_ms`.
+struct Pace {
+  uint32_t requests;
+  int64_t interval_ms;
+};
+
+// 300 requests, one every 20 ms (150 per decode engine), outlast every fault
+// but the bootstrap service's: its workers must outlive the absence, the
+// restart and the lookup that waits for them to register again (a worker
+// that has finished its requests has exited and registers nowhere; with 300
+// requests a sanitizer build under load restarted the service as the
+// workers ended). That run is paced slower rather than made of more rooms:
+// it needs rooms only to show that they flow while the service is away.
+Pace pace_of(Fault fault) {
+  if (fault != Fault::kBootstrap) return {300, 20};
+  constexpr int64_t kInterval = 100;
+  constexpr int64_t kFaultLasts = kAbsenceMs + kRestartMs + kRecoverLimitMs;
+  return {static_cast<uint32_t>(2 * kRoomsBeforeFault + kFaultLasts / kInterval), kInterval};
+}
 
 // What one trial measured.
 struct Figures {
@@ -139,7 +162,8 @@ struct Figures {
 // One trial: the processes, the fault, the summaries.
 class Trial {
  public:
-  Trial(const Path& path, Fault fault) : path_(path), fault_(fault), hosts_(2) {}
+  Trial(const Path& path, Fault fault)
+      : path_(path), fault_(fault), pace_(pace_of(fault)), hosts_(2) {}
 
   const std::string& why_not() const { return hosts_.why_not(); }
 
@@ -169,10 +193,10 @@ class Trial {
         address_, "--host", Hosts::address(host, 0), "--backend-opt",
         "host=" + Hosts::address(host, 1), "--backend", path_.backend, "--prefill-tp",
         std::to_string(kTp), "--decode-tp", std::to_string(kTp), "--decode-engines",
-        std::to_string(kEngines), "--kv-heads", "8", "--requests", std::to_string(kRequests),
-        "--interval-ms", "20", "--tokens", "64", "--page-size", "16", "--head-dim", "32",
-        "--layers", "2", "--window", "4", "--keep-going", "--engine-timeout", "transfer=2000",
-        "--engine-timeout", "connect=2000",
+        std::to_string(kEngines), "--kv-heads", "8", "--requests", std::to_string(pace_.requests),
+        "--interval-ms", std::to_string(pace_.interval_ms), "--tokens", "64", "--page-size", "16",
+        "--head-dim", "32", "--layers", "2", "--window", "4", "--keep-going", "--engine-timeout",
+        "transfer=2000", "--engine-timeout", "connect=2000",
         // A room one side gave up while cut off is told to the other over a
         // fresh link once the fault ends (docs/reliability.md, item 3); a
         // notice that is lost still leaves the prefill side's data timeout,
@@ -217,6 +241,7 @@ class Trial {
 
   const Path path_;
   const Fault fault_;
+  const Pace pace_;
   Hosts hosts_;
   std::string address_;  // the bootstrap service
   ChildProcess* bootstrap_ = nullptr;
@@ -248,14 +273,14 @@ void Trial::inject() {
       // machine) could otherwise be counted while the victim had no rooms
       // left to fail, and then nobody would notice its death.
       victim_ = fault_ == Fault::kKillPrefill ? prefill_[1] : decode_[1][0];
-      await_progress(
-          (fault_ == Fault::kKillPrefill ? kRequests : kRequests / kEngines) - kVictimRoomsLeft,
-          victim_);
+      await_progress((fault_ == Fault::kKillPrefill ? pace_.requests : pace_.requests / kEngines) -
+                         kVictimRoomsLeft,
+                     victim_);
       fault_at_ = now_ms();
       victim_->kill_now();
       return;
     case Fault::kStopDecode:
-      await_progress(20);
+      await_progress(kRoomsBeforeFault);
       fault_at_ = now_ms();
       decode_[1][0]->signal(SIGSTOP);
       std::this_thread::sleep_for(3s);  // the fault's duration, not a wait for anything
@@ -264,7 +289,7 @@ void Trial::inject() {
       return;
     case Fault::kLinkDown:
     case Fault::kDataBlackhole: {
-      await_progress(20);
+      await_progress(kRoomsBeforeFault);
       const bool all = fault_ == Fault::kLinkDown;
       fault_at_ = now_ms();
       if (all) {
@@ -280,13 +305,18 @@ void Trial::inject() {
       return;
     }
     case Fault::kBootstrap: {
-      await_progress(20);
+      await_progress(kRoomsBeforeFault);
       const std::string port = address_.substr(address_.rfind(':') + 1);
       fault_at_ = now_ms();
       bootstrap_->kill_now();
-      std::this_thread::sleep_for(2s);  // the service's absence
+      // The service's absence, not a wait for anything.
+      std::this_thread::sleep_for(std::chrono::milliseconds(kAbsenceMs));
+      const int64_t restart_at = now_ms();
       start_bootstrap(static_cast<uint16_t>(std::stoi(port)));
       over_at_ = now_ms();
+      // Said, not excused: past this the workers may end before the lookup.
+      EXPECT_LE(over_at_ - restart_at, kRestartMs)
+          << "the restarted service took that long to listen";
       // The new service knows nobody; every rank registers again by itself,
       // after which a lookup of any engine succeeds. One process asks for
       // every engine and waits (a process started per attempt took seconds
