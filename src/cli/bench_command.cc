@@ -71,6 +71,17 @@ struct BenchOptions {
   SecurityFlags security;
 };
 
+// The reason the first failed request of a cluster summary gave.
+std::string first_failure(const nlohmann::ordered_json& summary) {
+  for (const auto& o : summary["outcomes"]) {
+    if (!o["ok"].get<bool>()) {
+      return fmt::format("request {}: {}", o["room"].get<uint64_t>(),
+                         o["reason"].get<std::string>());
+    }
+  }
+  return "(no reason given)";
+}
+
 // Whether `value` is in the comma-separated `list` (an empty list holds all).
 bool listed(const std::string& list, const std::string& value) {
   return list.empty() || ("," + list + ",").find("," + value + ",") != std::string::npos;
@@ -346,6 +357,14 @@ int run_bench(const BenchOptions& o) {
     row["warmup_requests"] = shape.warmup;
     row["message_bytes"] = sum["bytes"].get<uint64_t>() / routes;
     row["failed"] = sum["failed"];
+    // Some requests failed: the figures count the ones that arrived, and the
+    // row says that it is not a whole measurement (and the run fails).
+    if (const uint64_t lost = sum["failed"].get<uint64_t>(); lost > 0) {
+      row["error"] = fmt::format("{} of {} requests failed; the first: {}", lost, shape.requests,
+                                 first_failure(sum));
+      std::fprintf(stderr, "pdkv bench:   %s\n", row["error"].get<std::string>().c_str());
+      ++failures;
+    }
     const auto null_or = [](std::optional<double> v) {
       return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
     };
@@ -369,7 +388,8 @@ int run_bench(const BenchOptions& o) {
     if (!row.contains("gbps") || row["staging"] == "naive") continue;
     double naive = 0, equal = 0;
     for (const auto& other : rows) {
-      if (!other.contains("gbps") || !same_case(row, other)) continue;
+      const bool whole = other.contains("gbps") && scenario_incomplete(other).empty();
+      if (!whole || !same_case(row, other)) continue;
       if (other["staging"] == "naive" && other["pair"] == row["pair"]) {
         naive = other["gbps"].get<double>();
       } else if (other["staging"] != "naive" && other["pair"] == "1->1") {
@@ -444,6 +464,9 @@ int run_bench(const BenchOptions& o) {
                   r["requests_per_s"].get<double>(), fmt_ratio(r["x_memcpy"]).c_str(),
                   fmt_ratio(r["x_ucx_put"]).c_str(), fmt_ratio(r["x_iperf3"]).c_str(),
                   fmt_ratio(r["x_equal_tp"]).c_str(), fmt_ratio(r["x_naive"]).c_str());
+      if (r.contains("error")) {
+        std::printf("%13s ^ not whole: %s\n", "", r["error"].get<std::string>().c_str());
+      }
     }
   }
   // With --json, stdout holds the run alone.

@@ -23,6 +23,15 @@ std::string scenario_name(const nlohmann::ordered_json& row) {
 
 }  // namespace
 
+std::string scenario_incomplete(const nlohmann::ordered_json& row) {
+  if (row.contains("error") && row["error"].is_string()) return row["error"].get<std::string>();
+  if (row.contains("failed") && row["failed"].is_number_unsigned() &&
+      row["failed"].get<uint64_t>() > 0) {
+    return fmt::format("{} requests failed", row["failed"].get<uint64_t>());
+  }
+  return "";
+}
+
 Result<nlohmann::ordered_json> load_run(const std::string& flag, const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::invalid_argument(fmt::format("{} {}: cannot read it", flag, path));
@@ -54,7 +63,12 @@ RunComparison compare_runs(const nlohmann::ordered_json& old_run,
     }
     for (const auto& [key, stored_value] : it->second->items()) {
       if (key.rfind("x_", 0) != 0 || !stored_value.is_number()) continue;
-      RatioChange change{name, key, stored_value.get<double>(), std::nullopt};
+      RatioChange change{name,
+                         key,
+                         stored_value.get<double>(),
+                         std::nullopt,
+                         scenario_incomplete(row),
+                         scenario_incomplete(*it->second)};
       if (row.contains(key) && row[key].is_number()) change.new_value = row[key].get<double>();
       c.changes.push_back(std::move(change));
     }
@@ -68,13 +82,17 @@ std::string format_comparison(const RunComparison& c, const std::string& old_pat
   for (const RatioChange& r : c.changes) {
     fell += r.fell();
     if (!r.new_value) {
-      out += fmt::format("{:<44} {:<11} {:8.3f} ->     none  FELL\n", r.scenario, r.ratio,
-                         r.old_value);
-      continue;
+      out +=
+          fmt::format("{:<44} {:<11} {:8.3f} ->     none  FELL", r.scenario, r.ratio, r.old_value);
+    } else {
+      out +=
+          fmt::format("{:<44} {:<11} {:8.3f} -> {:8.3f}  x{:.2f}{}", r.scenario, r.ratio,
+                      r.old_value, *r.new_value, r.old_value > 0 ? *r.new_value / r.old_value : 0.0,
+                      r.fell() ? "  FELL" : "");
     }
-    out += fmt::format(
-        "{:<44} {:<11} {:8.3f} -> {:8.3f}  x{:.2f}{}\n", r.scenario, r.ratio, r.old_value,
-        *r.new_value, r.old_value > 0 ? *r.new_value / r.old_value : 0.0, r.fell() ? "  FELL" : "");
+    if (!r.new_incomplete.empty()) out += fmt::format(" (now: {})", r.new_incomplete);
+    if (!r.old_incomplete.empty()) out += fmt::format(" (stored: {})", r.old_incomplete);
+    out += '\n';
   }
   for (const auto& name : c.unmatched) out += fmt::format("{}: not in the stored run\n", name);
   out += fmt::format("{} of {} ratios fell by more than {:.0f} %\n", fell, c.changes.size(),

@@ -22,8 +22,19 @@ struct RatioChange {
   std::string ratio;     // "x_iperf3"
   double old_value = 0;
   std::optional<double> new_value;  // none: the scenario failed, or lost this figure
-  bool fell() const { return !new_value || *new_value < kFellBelow * old_value; }
+  // Why a scenario's figures are not whole (scenario_incomplete), in each run.
+  std::string new_incomplete, old_incomplete;
+  // A figure of a run that lost requests counts as fallen: what it divides
+  // is not what the scenario asked for.
+  bool fell() const {
+    return !new_value || !new_incomplete.empty() || *new_value < kFellBelow * old_value;
+  }
 };
+
+// Why a scenario row of `pdkv bench --json` is not a whole measurement: its
+// "error" (the scenario failed, or some of its requests did), or, in runs
+// stored before rows said so, its count of failed requests; "" when whole.
+std::string scenario_incomplete(const nlohmann::ordered_json& row);
 
 struct RunComparison {
   std::vector<RatioChange> changes;    // in the order of the new run's scenarios

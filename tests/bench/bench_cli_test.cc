@@ -88,6 +88,29 @@ TEST(BenchCli, RefusesUnknownBackendsWithExitTwo) {
   EXPECT_NE(r.err.find("carrier-pigeon"), std::string::npos) << r.err;
 }
 
+// A scenario row of `pdkv bench --json`, written by hand.
+nlohmann::json row(const std::string& pair, double iperf3, double naive, double memcpy) {
+  return nlohmann::json{{"backend", "mooncake-tcp"},
+                        {"model", "llama3-8b"},
+                        {"pair", pair},
+                        {"layout", "nhd"},
+                        {"staging", "auto"},
+                        {"tokens", 1024},
+                        {"gbps", 1.0},
+                        {"x_iperf3", iperf3},
+                        {"x_naive", naive},
+                        {"x_memcpy", memcpy},
+                        {"x_ucx_put", nullptr}};
+}
+
+// The line of `ratio` under scenario `pair` in a comparison's output.
+std::string line_of(const std::string& out, const std::string& ratio, const std::string& pair) {
+  const size_t at = out.find(pair + " nhd auto 1024");
+  const size_t start = at == std::string::npos ? at : out.find(ratio, at);
+  return start == std::string::npos ? std::string()
+                                    : out.substr(start, out.find('\n', start) - start);
+}
+
 // Two stored runs written by hand: x_iperf3 0.50 -> 0.39 fell (below 0.8 x
 // 0.50 = 0.40), x_naive 10 -> 8.5 did not, x_memcpy 0.2 -> 0.25 rose; a
 // scenario that fails now lost its figures (fell); the scenario only the
@@ -95,19 +118,6 @@ TEST(BenchCli, RefusesUnknownBackendsWithExitTwo) {
 TEST(BenchCli, CompareFlagsEveryRatioThatFellByMoreThanTwentyPercent) {
   const std::string dir = ::testing::TempDir();
   const std::string old_path = dir + "bench_old.json", new_path = dir + "bench_new.json";
-  const auto row = [](const std::string& pair, double iperf3, double naive, double memcpy) {
-    return nlohmann::json{{"backend", "mooncake-tcp"},
-                          {"model", "llama3-8b"},
-                          {"pair", pair},
-                          {"layout", "nhd"},
-                          {"staging", "auto"},
-                          {"tokens", 1024},
-                          {"gbps", 1.0},
-                          {"x_iperf3", iperf3},
-                          {"x_naive", naive},
-                          {"x_memcpy", memcpy},
-                          {"x_ucx_put", nullptr}};
-  };
   nlohmann::json failed = row("4->1", 0, 0, 0);  // ran before, fails now: no figures
   for (const char* key : {"gbps", "x_iperf3", "x_naive", "x_memcpy", "x_ucx_put"}) {
     failed.erase(key);
@@ -121,24 +131,51 @@ TEST(BenchCli, CompareFlagsEveryRatioThatFellByMoreThanTwentyPercent) {
   const auto r = run_command(std::string(PDKV_BIN) + " bench --compare " + old_path +
                              " --results " + new_path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto line_of = [&](const std::string& ratio, const std::string& pair = "1->1") {
-    const size_t at = r.out.find(pair + " nhd auto 1024");
-    const size_t start = r.out.find(ratio, at);
-    return start == std::string::npos ? std::string()
-                                      : r.out.substr(start, r.out.find('\n', start) - start);
+  const auto line = [&](const std::string& ratio, const std::string& pair = "1->1") {
+    return line_of(r.out, ratio, pair);
   };
   for (const char* ratio : {"x_iperf3", "x_naive", "x_memcpy"}) {
-    ASSERT_NE(line_of(ratio), "") << ratio << " missing: " << r.out;
+    ASSERT_NE(line(ratio), "") << ratio << " missing: " << r.out;
   }
-  EXPECT_NE(line_of("x_iperf3").find("FELL"), std::string::npos) << r.out;
-  EXPECT_NE(line_of("x_iperf3").find("0.500 ->    0.390"), std::string::npos) << r.out;
-  EXPECT_EQ(line_of("x_naive").find("FELL"), std::string::npos) << r.out;
-  EXPECT_EQ(line_of("x_memcpy").find("FELL"), std::string::npos) << r.out;
-  EXPECT_EQ(line_of("x_ucx_put"), "") << "a null ratio is no figure: " << r.out;
+  EXPECT_NE(line("x_iperf3").find("FELL"), std::string::npos) << r.out;
+  EXPECT_NE(line("x_iperf3").find("0.500 ->    0.390"), std::string::npos) << r.out;
+  EXPECT_EQ(line("x_naive").find("FELL"), std::string::npos) << r.out;
+  EXPECT_EQ(line("x_memcpy").find("FELL"), std::string::npos) << r.out;
+  EXPECT_EQ(line("x_ucx_put"), "") << "a null ratio is no figure: " << r.out;
   EXPECT_NE(r.out.find("2->4 nhd auto 1024: not in the stored run"), std::string::npos) << r.out;
   // The failed scenario's three figures are gone: each counts as fallen.
-  EXPECT_NE(line_of("x_naive", "4->1").find("5.000 ->     none  FELL"), std::string::npos) << r.out;
+  EXPECT_NE(line("x_naive", "4->1").find("5.000 ->     none  FELL"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("4 of 6 ratios fell by more than 20 %"), std::string::npos) << r.out;
+}
+
+// A scenario some of whose requests failed is no whole measurement: the new
+// run's row (its "error" says how many) counts each of its ratios as fallen,
+// unchanged as they are; a stored row of a run from before rows said so
+// (only "failed") is named as such beside ratios that hold.
+TEST(BenchCli, CompareFlagsTheRatiosOfAScenarioThatLostRequests) {
+  const std::string dir = ::testing::TempDir();
+  const std::string old_path = dir + "bench_old_lost.json", new_path = dir + "bench_new_lost.json";
+  nlohmann::json stored_lost = row("2->4", 0.4, 4, 0.1);
+  stored_lost["failed"] = 3;
+  nlohmann::json lost_now = row("1->1", 0.5, 10, 0.2);
+  lost_now["failed"] = 2;
+  lost_now["error"] = "2 of 40 requests failed; the first: request 7: timed out";
+  std::ofstream(old_path) << nlohmann::json{
+      {"baselines", {}}, {"scenarios", {row("1->1", 0.5, 10, 0.2), stored_lost}}};
+  std::ofstream(new_path) << nlohmann::json{{"baselines", {}},
+                                            {"scenarios", {lost_now, row("2->4", 0.4, 4, 0.1)}}};
+  const auto r = run_command(std::string(PDKV_BIN) + " bench --compare " + old_path +
+                             " --results " + new_path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* ratio : {"x_iperf3", "x_naive", "x_memcpy"}) {
+    const std::string now = line_of(r.out, ratio, "1->1"), then = line_of(r.out, ratio, "2->4");
+    EXPECT_NE(now.find("x1.00  FELL (now: 2 of 40 requests failed; the first: request 7"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(then.find("FELL"), std::string::npos) << r.out;
+    EXPECT_NE(then.find("x1.00 (stored: 3 requests failed)"), std::string::npos) << r.out;
+  }
+  EXPECT_NE(r.out.find("3 of 6 ratios fell by more than 20 %"), std::string::npos) << r.out;
 }
 
 TEST(BenchCli, CompareNamesAStoredRunItCannotUse) {
