@@ -101,6 +101,10 @@ TEST(Scale, TheLoopsWorkFollowsTheEventsNotTheOpenRooms) {
     idle_tx.push_back(std::move(c->prefill[0]->sender(id)).value());
   }
   ASSERT_TRUE(poll_until([&] { return idle_rx.back()->poll() == PollState::kWaitingForInput; }));
+  // And the prefill loop has opened every idle sender (a Sender is handed
+  // out before its loop task runs): opens still queued would count as work
+  // of the 20 rooms below.
+  ASSERT_TRUE(poll_until([&] { return c->prefill[0]->stats().rooms == idle_tx.size(); }));
   const EngineStats p0 = c->prefill[0]->stats(), d0 = c->decode[0]->stats();
   // 20 rooms run to the end meanwhile.
   for (RoomId id = 1; id <= 20; ++id) {
@@ -110,13 +114,18 @@ TEST(Scale, TheLoopsWorkFollowsTheEventsNotTheOpenRooms) {
     ASSERT_EQ(r.receivers[0]->poll(), PollState::kSuccess);
   }
   const EngineStats p1 = c->prefill[0]->stats(), d1 = c->decode[0]->stats();
-  // A few steps and tasks per room that moved; a scan of the 2,000 idle
-  // rooms, even once per room, would be 40,000.
-  const uint64_t steps = (p1.room_steps - p0.room_steps) + (d1.room_steps - d0.room_steps);
+  // A few steps and tasks per room that moved: 200 steps and 262 tasks here,
+  // up to 529 steps once in CI under load. A scan of the 2,000 idle rooms
+  // would be 2,000 steps each time, 40,000 if once per room: the bound sits
+  // below a single scan.
+  const uint64_t prefill_steps = p1.room_steps - p0.room_steps;
+  const uint64_t decode_steps = d1.room_steps - d0.room_steps;
+  const uint64_t steps = prefill_steps + decode_steps;
   const uint64_t tasks = (p1.loop_tasks - p0.loop_tasks) + (d1.loop_tasks - d0.loop_tasks);
   std::printf("20 rooms beside 2,000 idle ones: %llu room steps, %llu loop tasks\n",
               static_cast<unsigned long long>(steps), static_cast<unsigned long long>(tasks));
-  EXPECT_LE(steps, 20u * 20);
+  EXPECT_LE(steps, 20u * 50) << "prefill " << prefill_steps << ", decode " << decode_steps
+                             << "; rooms tracked: prefill " << p1.rooms << ", decode " << d1.rooms;
   EXPECT_LE(tasks, 20u * 40);
 }
 
