@@ -106,8 +106,9 @@ std::optional<double> ucx_put_gbps(uint64_t message_bytes, std::string& why) {
     why = "ucx_perftest not found (Debian package ucx-utils)";
     return std::nullopt;
   }
-  // Enough iterations for a steady figure, bounded to about 64 MiB per 1k.
-  const uint64_t iterations = std::clamp<uint64_t>((uint64_t{2} << 30) / message_bytes, 100, 20000);
+  // About 4 GiB moved: a steady figure in about a second, at least 8 puts
+  // so that the first touch of the target's pages weighs little.
+  const uint64_t iterations = std::clamp<uint64_t>((uint64_t{4} << 30) / message_bytes, 8, 20000);
   auto result = retry([&]() -> std::optional<double> {
     int status = 0;
     const std::string out =

@@ -60,6 +60,17 @@ TEST(BenchCli, QuickRunReportsEveryScenarioWithRatios) {
     const bool tcp = row["backend"].get<std::string>().ends_with("-tcp");
     EXPECT_EQ(row["x_iperf3"].is_null(), !tcp);
     EXPECT_EQ(row["x_ucx_put"].is_null(), row["backend"] != "nixl");
+    EXPECT_EQ(row["request_bytes"].get<uint64_t>(), tokens * kBytesPerToken);
+    if (row["backend"] == "nixl") {
+      // UCX's put is measured at the request's own size, out of cache like
+      // the request (here a power of two already: 2 MiB or 32 MiB).
+      const uint64_t at = tokens * kBytesPerToken;
+      EXPECT_EQ(row["ucx_put_bytes"].get<uint64_t>(), at);
+      const auto& put = base["ucx_put_gbps"][std::to_string(at)];
+      ASSERT_TRUE(positive(put)) << base.dump();
+      EXPECT_NEAR(row["x_ucx_put"].get<double>(), row["gbps"].get<double>() / put.get<double>(),
+                  1e-9);
+    }
   }
   EXPECT_TRUE(variants.count("mooncake") && variants.count("mooncake-tcp"));
   std::ifstream in(csv);
