@@ -4,10 +4,12 @@
 // only have to exist and be positive.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "support/run_command.h"
 
@@ -91,6 +93,30 @@ TEST(BenchCli, PlotIsAPng) {
   char magic[8] = {};
   in.read(magic, sizeof magic);
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+// --repeat: each scenario runs that many times; the run of median GB/s is
+// its row, and every run's GB/s is listed.
+TEST(BenchCli, RepeatReportsTheRunOfMedianThroughput) {
+  const auto r = run_command(std::string(PDKV_BIN) +
+                             " bench --backends mooncake --models gqa-2kv --pairs '1->1' "
+                             "--tokens 16 --repeat 3 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out)["scenarios"];
+  ASSERT_EQ(rows.size(), 1u) << rows.dump();
+  const auto& row = rows[0];
+  auto runs = row["gbps_runs"].get<std::vector<double>>();
+  ASSERT_EQ(runs.size(), 3u) << row.dump();
+  std::sort(runs.begin(), runs.end());
+  EXPECT_EQ(row["gbps"].get<double>(), runs[1]) << row.dump();
+  EXPECT_EQ(row["failed"], 0) << row.dump();
+}
+
+TEST(BenchCli, RefusesARepeatOfZeroNamingIt) {
+  const auto r = run_command(std::string(PDKV_BIN) + " bench --quick --repeat 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--repeat"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("0"), std::string::npos) << r.err;
 }
 
 TEST(BenchCli, RefusesUnknownBackendsWithExitTwo) {
