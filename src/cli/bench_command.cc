@@ -14,7 +14,6 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -96,17 +95,18 @@ Measurement measure(const worker::Shape& shape, const BenchOptions& o) {
     runs.push_back(summarize(shape, outcome.summaries));
     m.gbps_runs.push_back(runs.back()["gbps"].get<double>());
   }
-  for (const auto& run : runs) {
-    if (run["failed"].get<uint64_t>() > 0) {
-      m.summary = run;
-      return m;
-    }
+  const auto lossy = std::find_if(runs.begin(), runs.end(), [](const nlohmann::ordered_json& run) {
+    return run["failed"].get<uint64_t>() > 0;
+  });
+  if (lossy != runs.end()) {
+    m.summary = *lossy;
+    return m;
   }
-  std::vector<size_t> order(runs.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return m.gbps_runs[a] < m.gbps_runs[b]; });
-  m.summary = runs[order[(order.size() - 1) / 2]];
+  std::sort(runs.begin(), runs.end(),
+            [](const nlohmann::ordered_json& a, const nlohmann::ordered_json& b) {
+              return a["gbps"].get<double>() < b["gbps"].get<double>();
+            });
+  m.summary = runs[(runs.size() - 1) / 2];
   return m;
 }
 

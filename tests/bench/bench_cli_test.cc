@@ -62,13 +62,13 @@ TEST(BenchCli, QuickRunReportsEveryScenarioWithRatios) {
     const bool tcp = row["backend"].get<std::string>().ends_with("-tcp");
     EXPECT_EQ(row["x_iperf3"].is_null(), !tcp);
     EXPECT_EQ(row["x_ucx_put"].is_null(), row["backend"] != "nixl");
-    EXPECT_EQ(row["request_bytes"].get<uint64_t>(), tokens * kBytesPerToken);
+    const uint64_t request_bytes = tokens * kBytesPerToken;
+    EXPECT_EQ(row["request_bytes"].get<uint64_t>(), request_bytes);
     if (row["backend"] == "nixl") {
       // UCX's put is measured at the request's own size, out of cache like
       // the request (here a power of two already: 2 MiB or 32 MiB).
-      const uint64_t at = tokens * kBytesPerToken;
-      EXPECT_EQ(row["ucx_put_bytes"].get<uint64_t>(), at);
-      const auto& put = base["ucx_put_gbps"][std::to_string(at)];
+      EXPECT_EQ(row["ucx_put_bytes"].get<uint64_t>(), request_bytes);
+      const auto& put = base["ucx_put_gbps"][std::to_string(request_bytes)];
       ASSERT_TRUE(positive(put)) << base.dump();
       EXPECT_NEAR(row["x_ucx_put"].get<double>(), row["gbps"].get<double>() / put.get<double>(),
                   1e-9);
