@@ -40,6 +40,9 @@ class FaultInjectingTransport final : public Transport {
 
   std::string_view name() const override { return real_->name(); }
   TransportCapabilities capabilities() const override { return real_->capabilities(); }
+  uint64_t write_overhead_bytes_from(std::string_view source_descriptor) const override {
+    return real_->write_overhead_bytes_from(source_descriptor);
+  }
   Result<MemoryRegion> allocate(uint64_t length) override { return real_->allocate(length); }
   Result<RegionKey> register_region(const MemoryRegion& region) override {
     return real_->register_region(region);

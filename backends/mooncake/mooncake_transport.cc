@@ -75,6 +75,13 @@ Result<EngineConfig> config_from(const TransportOptions& options) {
   return c;
 }
 
+// From the naive and 1 -> 1 rows of docs/benchmarks.md: a slice over TCP
+// costs 5-15 us (its frame, its share of an ACK, the loop's turn), so staging
+// pays for page-sized (32 KiB) fragments already; a same-host slice well
+// under 1 us.
+constexpr uint64_t kTcpWriteOverhead = 262144;
+constexpr uint64_t kSameHostWriteOverhead = 8192;
+
 class MooncakeTransport final : public Transport {
  public:
   MooncakeTransport(std::unique_ptr<TransferEngine> engine, SameHost same_host)
@@ -85,15 +92,20 @@ class MooncakeTransport final : public Transport {
     TransportCapabilities caps;
     caps.reads = true;
     caps.notifications = true;
-    // From the naive and 1 -> 1 rows of docs/benchmarks.md: a slice over TCP
-    // costs 5-15 us (its frame, its share of an ACK, the loop's turn), so
-    // staging pays for page-sized (32 KiB) fragments already; a same-host
-    // slice well under 1 us. `auto` may reach a peer either way: its figure
-    // stages small fragments but writes pages to a same-host peer in place.
-    caps.write_overhead_bytes = same_host_ == SameHost::kRequire ? 8192
-                                : same_host_ == SameHost::kOff   ? 262144
+    // `auto` may reach a peer either way: for a peer it knows nothing of, its
+    // figure stages small fragments but writes pages in place.
+    caps.write_overhead_bytes = same_host_ == SameHost::kRequire ? kSameHostWriteOverhead
+                                : same_host_ == SameHost::kOff   ? kTcpWriteOverhead
                                                                  : 65536;
     return caps;
+  }
+  // A source writes into this rank by the same-host path when both run on
+  // this host (its options are taken to be ours, as one deployment's are).
+  uint64_t write_overhead_bytes_from(std::string_view source_descriptor) const override {
+    const bool same_host =
+        same_host_ == SameHost::kRequire ||
+        (same_host_ == SameHost::kAuto && engine_->on_this_host(source_descriptor));
+    return same_host ? kSameHostWriteOverhead : kTcpWriteOverhead;
   }
 
   // Pools in shared memory, which peers on this host copy into with memcpy;

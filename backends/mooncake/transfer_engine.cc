@@ -257,6 +257,12 @@ TransferEngine::SameHostBytes TransferEngine::same_host_bytes() const {
   return {impl_->same_host_mapped_bytes.load(), impl_->same_host_kernel_bytes.load()};
 }
 
+bool TransferEngine::on_this_host(std::string_view descriptor) const {
+  const auto desc = SegmentDescriptor::decode(descriptor);
+  return desc.is_ok() && !impl_->host_identity.empty() &&
+         desc->host_identity == impl_->host_identity;
+}
+
 std::string TransferEngine::segment_descriptor() const {
   SegmentDescriptor d;
   d.name = impl_->segment_name();

@@ -81,6 +81,10 @@ class TransferEngine {
   Status register_local_memory(void* addr, uint64_t length);
   // This segment's descriptor (with the buffers registered so far).
   std::string segment_descriptor() const;
+  // Whether the segment of `descriptor` runs on this host, where the
+  // same-host path may reach it (permission allowing); false for a
+  // descriptor that does not decode.
+  bool on_this_host(std::string_view descriptor) const;
   Result<SegmentHandle> open_segment(std::string_view descriptor);
   // The target's buffers, as its descriptor listed them.
   Result<std::vector<SegmentDescriptor::Buffer>> segment_buffers(SegmentHandle segment) const;

@@ -101,6 +101,9 @@ struct TransportCapabilities {
   // Staging::kAuto gathers a route when its writes would cost more than the
   // two copies staging adds (staging_pays() in pdkv/plan.h). Backends set it
   // from what they measure (docs/benchmarks.md, "auto staging").
+  // Where a backend reaches some peers by a cheaper path than others (one on
+  // the same host), this is its figure for a peer it knows nothing of, and
+  // Transport::write_overhead_bytes_from() gives each peer's.
   uint64_t write_overhead_bytes = 8192;
 };
 
@@ -123,6 +126,14 @@ class Transport {
 
   virtual std::string_view name() const = 0;
   virtual TransportCapabilities capabilities() const = 0;
+  // What one more write costs (TransportCapabilities::write_overhead_bytes)
+  // on the path by which the rank of `source_descriptor` (its descriptor())
+  // writes into this one. The decode side asks it per source when it decides
+  // whether to stage a route (Staging::kAuto).
+  virtual uint64_t write_overhead_bytes_from(std::string_view source_descriptor) const {
+    (void)source_descriptor;
+    return capabilities().write_overhead_bytes;
+  }
 
   // Host memory that this transport moves faster than ordinary memory, zeroed
   // and still to be registered; the transport owns it, and it lives as long

@@ -99,9 +99,10 @@ Result<bool> DecodeSide::reserve_staging(const DecodeRoom& room, Source& source)
   if (plan->bytes() == 0) return true;
   // Auto: staging when the transport's writes of these fragments would cost
   // more than gathering and scattering them (the transport says what a write
-  // costs).
+  // from this source costs).
   if (!must && config.staging == Staging::kAuto &&
-      !staging_pays(*plan, ctx_.transport.capabilities().write_overhead_bytes)) {
+      !staging_pays(*plan,
+                    ctx_.transport.write_overhead_bytes_from(source.rank.transport_descriptor()))) {
     return true;
   }
   // Both pools must hold the block: ours receives it, the source gathers it.

@@ -2,7 +2,8 @@
 // peer's memory (here the peer is non-dumpable and this thread has dropped
 // CAP_SYS_PTRACE, as an unprivileged process would lack it), the backend says
 // so in one log line and moves the bytes over TCP instead; with
-// same_host=require it refuses to connect, naming the reason.
+// same_host=require it refuses to connect, naming the reason. And what auto
+// staging is told a write from a peer costs, by the path it comes by.
 #include <gtest/gtest.h>
 #include <linux/capability.h>
 #include <sys/syscall.h>
@@ -12,6 +13,7 @@
 #include <future>
 
 #include "pdkv/transport.h"
+#include "segment.h"
 #include "support/child_process.h"
 #include "support/transport_pair.h"
 
@@ -30,6 +32,26 @@ bool drop_ptrace_capability() {
   data[0].permitted &= ~bit;
   data[0].inheritable &= ~bit;
   return syscall(SYS_capset, &header, data) == 0;
+}
+
+TEST(MooncakeSameHost, AWriteCostsWhatThePathItComesByCosts) {
+  // The figures of docs/benchmarks.md: a same-host slice costs about what
+  // copying 8 KiB does, one over TCP 256 KiB.
+  constexpr uint64_t kSameHost = 8192, kTcp = 262144;
+  auto peer = create_transport("mooncake", {}).value();
+  const std::string here = peer->descriptor();
+  auto moved = backends::mooncake::SegmentDescriptor::decode(here).value();
+  moved.host_identity = "another boot id";
+  const std::string elsewhere = moved.encode();
+
+  auto automatic = create_transport("mooncake", {}).value();
+  EXPECT_EQ(automatic->write_overhead_bytes_from(here), kSameHost);
+  EXPECT_EQ(automatic->write_overhead_bytes_from(elsewhere), kTcp);
+  EXPECT_EQ(automatic->write_overhead_bytes_from("no descriptor"), kTcp);
+  auto off = create_transport("mooncake", {{"same_host", "off"}}).value();
+  EXPECT_EQ(off->write_overhead_bytes_from(here), kTcp);
+  auto require = create_transport("mooncake", {{"same_host", "require"}}).value();
+  EXPECT_EQ(require->write_overhead_bytes_from(here), kSameHost);
 }
 
 TEST(MooncakeSameHost, APeerTheKernelGuardsIsReachedOverTcp) {

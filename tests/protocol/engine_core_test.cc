@@ -169,26 +169,49 @@ TEST(EngineCore, AStagingSlotTheSourceCannotFillGoesDirect) {
   EXPECT_EQ(c->prefill[0]->stats().direct_routes, 1u);
 }
 
+// Room 3 of three pages through TP 1 -> 2 with auto staging; every byte
+// checked. Each decode rank's route is 4 layers x K/V x 3 pages x 4 tokens =
+// 96 fragments of 4 heads x 4 x 2 B = 32 B, 3072 bytes. Staging adds 2 x
+// 3072 copied bytes and saves 95 writes: it pays above 6144 / 95 = 64.7
+// bytes of overhead per write. Returns the routes the decode ranks staged.
+uint64_t staged_routes_of_one_auto_room(const TransportOptions& prefill,
+                                        const TransportOptions& decode) {
+  ClusterSpec spec = shape(8, 1, 2);
+  spec.staging = Staging::kAuto;
+  spec.prefill_transport = prefill;
+  spec.decode_transport = decode;
+  auto c = Cluster::start(spec);
+  EXPECT_NE(c, nullptr);
+  if (c == nullptr) return ~uint64_t{0};
+  c->fill(3, first_pages(3), 0, {});
+  auto r = open_room(*c, 3, 3, /*send=*/true);
+  EXPECT_TRUE(poll_until([&] { return r.ended(); }));
+  for (const auto& receiver : r.receivers) {
+    EXPECT_EQ(receiver->poll(), PollState::kSuccess) << receiver->failure().to_string();
+  }
+  EXPECT_EQ(c->verify(3, first_pages(3, 8), 0, {}), "");
+  return c->decode[0]->stats().staged_routes + c->decode[1]->stats().staged_routes;
+}
+
 TEST(EngineCore, AutoStagesWhenTheTransportsWritesCostMoreThanTwoCopies) {
-  // TP 1 -> 2: each decode rank's route is 4 layers x K/V x 3 pages x 4
-  // tokens = 96 fragments of 4 heads x 4 x 2 B = 32 B, 3072 bytes. Staging
-  // adds 2 x 3072 copied bytes and saves 95 writes: it pays above
-  // 6144 / 95 = 64.7 bytes of overhead per write.
   for (const auto& [overhead, staged] : {std::pair{"64", 0u}, std::pair{"65", 2u}}) {
     SCOPED_TRACE(std::string("write_overhead_bytes=") + overhead);
-    ClusterSpec spec = shape(8, 1, 2);
-    spec.staging = Staging::kAuto;
-    spec.prefill_transport = spec.decode_transport = {{"write_overhead_bytes", overhead}};
-    auto c = Cluster::start(spec);
-    ASSERT_NE(c, nullptr);
-    c->fill(3, first_pages(3), 0, {});
-    auto r = open_room(*c, 3, 3, /*send=*/true);
-    ASSERT_TRUE(poll_until([&] { return r.ended(); }));
-    for (const auto& receiver : r.receivers) {
-      EXPECT_EQ(receiver->poll(), PollState::kSuccess) << receiver->failure().to_string();
-    }
-    EXPECT_EQ(c->verify(3, first_pages(3, 8), 0, {}), "");
-    EXPECT_EQ(c->decode[0]->stats().staged_routes + c->decode[1]->stats().staged_routes, staged);
+    const TransportOptions options = {{"write_overhead_bytes", overhead}};
+    EXPECT_EQ(staged_routes_of_one_auto_room(options, options), staged);
+  }
+}
+
+TEST(EngineCore, AutoStagesByWhatAWriteFromThatSourceCosts) {
+  // The decode side's transport says one figure for its capability and
+  // another for writes from its sources (as a backend with a cheaper path
+  // to some peers does): the per-source one counts.
+  for (const auto& [capability, from_source, staged] :
+       {std::tuple{"64", "65", 2u}, std::tuple{"65", "64", 0u}}) {
+    SCOPED_TRACE(std::string("capability ") + capability + ", from the source " + from_source);
+    EXPECT_EQ(staged_routes_of_one_auto_room({{"write_overhead_bytes", capability}},
+                                             {{"write_overhead_bytes", capability},
+                                              {"write_overhead_bytes_from", from_source}}),
+              staged);
   }
 }
 

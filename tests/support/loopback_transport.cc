@@ -20,8 +20,10 @@
 //   {"callback_storm", "1"}       a thread runs it every 100 µs for as long
 //                                 as the transport lives
 //
-// {"write_overhead_bytes", "N"} sets the capability of that name (what
-// Staging::kAuto decides from).
+// {"write_overhead_bytes", "N"} sets the capability of that name, and
+// {"write_overhead_bytes_from", "N"} what write_overhead_bytes_from() says
+// of every source (the capability when unset): what Staging::kAuto decides
+// from.
 #include <fmt/format.h>
 
 #include <atomic>
@@ -53,6 +55,7 @@ struct LoopbackOptions {
   bool callback_in_write = false;
   bool callback_storm = false;
   std::optional<uint64_t> write_overhead_bytes;
+  std::optional<uint64_t> write_overhead_bytes_from;
 };
 
 constexpr PeerId kStrangerPeer = 0xdead;
@@ -84,6 +87,10 @@ class LoopbackTransport final : public Transport {
     TransportCapabilities caps;
     if (options_.write_overhead_bytes) caps.write_overhead_bytes = *options_.write_overhead_bytes;
     return caps;
+  }
+  uint64_t write_overhead_bytes_from(std::string_view source_descriptor) const override {
+    return options_.write_overhead_bytes_from.value_or(
+        Transport::write_overhead_bytes_from(source_descriptor));
   }
 
   Result<RegionKey> register_region(const MemoryRegion& region) override {
@@ -248,8 +255,10 @@ Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options
                                               {"callback_storm", &o.callback_storm}};
   for (const auto& [key, value] : options) {
     if (key == "host") continue;  // every transport takes the rank's address; one process has none
-    if (key == "write_overhead_bytes") {
-      PDKV_ASSIGN_OR_RETURN(o.write_overhead_bytes,
+    if (key == "write_overhead_bytes" || key == "write_overhead_bytes_from") {
+      auto& field =
+          key == "write_overhead_bytes" ? o.write_overhead_bytes : o.write_overhead_bytes_from;
+      PDKV_ASSIGN_OR_RETURN(field,
                             parse_option_number("loopback", key, value, 0, uint64_t{1} << 40));
       continue;
     }
@@ -257,7 +266,7 @@ Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options
     if (flag == flags.end() || (value != "0" && value != "1")) {
       return Status::invalid_argument(fmt::format(
           "loopback option '{}={}' unknown (stall, callback_in_connect, callback_in_write, "
-          "callback_storm; each 0 or 1; write_overhead_bytes=N)",
+          "callback_storm; each 0 or 1; write_overhead_bytes=N, write_overhead_bytes_from=N)",
           key, value));
     }
     *flag->second = value == "1";
