@@ -402,6 +402,9 @@ int run_bench(const BenchOptions& o) {
     row["warmup_requests"] = shape.warmup;
     row["gbps_runs"] = measured.gbps_runs;
     row["message_bytes"] = sum["bytes"].get<uint64_t>() / routes;
+    // Routes of every request, warm-up included: what `auto` decided.
+    row["staged_routes"] = sum["staged_routes"];
+    row["direct_routes"] = sum["direct_routes"];
     row["failed"] = sum["failed"];
     // Some requests failed: the figures count the ones that arrived, and the
     // row says that it is not a whole measurement (and the run fails).

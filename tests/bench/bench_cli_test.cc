@@ -59,6 +59,15 @@ TEST(BenchCli, QuickRunReportsEveryScenarioWithRatios) {
       EXPECT_TRUE(positive(row["x_naive"]));
       EXPECT_TRUE(positive(row["x_equal_tp"]));
     }
+    if (row["pair"] == "2->4") {
+      // Four routes a request (each decode rank has one source), over the
+      // warm-up's requests and the measured ones: all staged with staging
+      // on, none with naive.
+      const uint64_t routes = 4 * (4 + requests);
+      const bool on = row["staging"] == "on";
+      EXPECT_EQ(row["staged_routes"].get<uint64_t>(), on ? routes : 0u);
+      EXPECT_EQ(row["direct_routes"].get<uint64_t>(), on ? 0u : routes);
+    }
     const bool tcp = row["backend"].get<std::string>().ends_with("-tcp");
     EXPECT_EQ(row["x_iperf3"].is_null(), !tcp);
     EXPECT_EQ(row["x_ucx_put"].is_null(), row["backend"] != "nixl");
