@@ -62,8 +62,11 @@ demo: build
 	@echo "== a local cluster: bootstrap + 2 prefill + 4 decode processes over UCX, every byte checked =="
 	build/bin/pdkv run --backend nixl --prefill-tp 2 --decode-tp 4 --kv-heads 8 --requests 32 --tokens 512
 
+# The fault campaign (label `fault`) runs one trial per case here, which
+# keeps `make test` inside CI's 20 minutes; the sanitizer run takes the
+# test's default of two, `make test-slow` twenty (docs/reliability.md).
 test: build fuzz-build
-	cd build && $(CTEST) -LE slow
+	cd build && PDKV_FAULT_TRIALS=1 $(CTEST) -LE slow
 
 test-slow: build
 	cd build && $(CTEST) -L slow
