@@ -41,8 +41,10 @@ TEST(Scale, TenThousandRoomsAtOnceArriveByteExact) {
     ASSERT_TRUE(tx.back()->send(first_pages(1, id - 1), true).is_ok());
     ids.push_back(id);
   }
-  // The decode engine holds every room until its Receiver goes.
-  EXPECT_TRUE(poll_until([&] { return c->decode[0]->stats().rooms == kRooms; }));
+  // The decode engine holds every room until its Receiver goes. (A guard
+  // against a hang, as below: in one sanitizer run beside the 64-peer test
+  // the rooms took over 10 s.)
+  EXPECT_TRUE(poll_until([&] { return c->decode[0]->stats().rooms == kRooms; }, 120s));
   // Many rooms polled in one call.
   ASSERT_TRUE(poll_until(
       [&] {
@@ -64,10 +66,12 @@ TEST(Scale, AnEnginesThreadsDoNotGrowWithItsPeers) {
   // One prefill rank, 64 decode ranks (64 KV heads): the prefill engine
   // opens a control link and a transport connection to each.
   ClusterSpec spec = tiny(1, 64, 64, 4);
-  // 64 ranks dialling one at once, under a sanitizer and a parallel test,
-  // can see refusals for over a second (gRPC's reconnect backoff), which the
-  // default 1 s keepalive takes for a dead peer; this test counts threads.
-  spec.timeouts.keepalive = std::chrono::milliseconds(5'000);
+  // 64 ranks dialling one at once, under a sanitizer and beside the test of
+  // 10,000 rooms, see refusals (UNAVAILABLE) for seconds: over 5 s in two of
+  // four such runs, which the default 1 s keepalive and 5 s connect limit
+  // take for a dead peer. This test counts threads: liveness has its own.
+  spec.timeouts.keepalive = std::chrono::milliseconds(30'000);
+  spec.timeouts.connect = std::chrono::milliseconds(30'000);
   auto c = Cluster::start(spec);
   ASSERT_NE(c, nullptr);
   const size_t before = testing::thread_count();
