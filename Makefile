@@ -2,9 +2,10 @@
 # fresh Debian 12 machine needs nothing but `make demo` or `make test`.
 #
 #   make demo            build, then move requests prefill TP 2 -> decode TP 4 through real processes
-#   make test            build, then run every test not labelled `slow`
+#   make test            build, then run every test not labelled `slow` or `fuzz`
 #   make test-slow       the long runs (soak, benchmarks-as-tests), on demand
-#   make test-sanitize   ASan + UBSan build in build-asan/, same test set
+#   make test-sanitize   ASan + UBSan build in build-asan/, the same tests and the
+#                        `fuzz` ones (five seconds a libFuzzer target, build-fuzz/)
 #   make test-tsan       ThreadSanitizer build in build-tsan/, same test set
 #   make fuzz            libFuzzer targets (build-fuzz/, clang) for FUZZ_RUNS executions each
 #   make bench           pdkv bench --quick: every backend against its baselines, about a minute
@@ -65,13 +66,15 @@ demo: build
 # The fault campaign (label `fault`) runs one trial per case here, which
 # keeps `make test` inside CI's 20 minutes; the sanitizer run takes the
 # test's default of two, `make test-slow` twenty (docs/reliability.md).
-test: build fuzz-build
-	cd build && PDKV_FAULT_TRIALS=1 $(CTEST) -LE slow
+# The libFuzzer smoke runs (label `fuzz`) need the fuzz build (clang, ASan,
+# three minutes here), so they run with the sanitizer run, which builds it.
+test: build
+	cd build && PDKV_FAULT_TRIALS=1 $(CTEST) -LE "slow|fuzz"
 
 test-slow: build
 	cd build && $(CTEST) -L slow
 
-test-sanitize: deps
+test-sanitize: deps fuzz-build
 	$(call build_tree,build-asan,-DPDKV_SANITIZE=address)
 	cd build-asan && $(SANITIZER_ENV) $(CTEST) -LE slow
 
