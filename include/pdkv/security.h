@@ -59,7 +59,8 @@ struct Limits {
   uint32_t early_rooms = 65'536;     // prefill: rooms known only from early messages
   uint32_t page_list = 1u << 20;     // pages in one TransferInfo
   uint32_t watches_per_peer = 8;     // Watch streams one peer rank may hold open here
-  uint32_t control_calls = 65'536;   // unary control calls being served at once
+  uint32_t control_calls = 65'536;   // control requests being served at once (each report of a
+                                     // ReportStatuses counts)
   uint32_t replay_cache = 1u << 20;  // nonces remembered (one clock_skew window's calls)
 };
 

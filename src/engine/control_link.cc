@@ -6,6 +6,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "engine/control_service.h"
 #include "security/grpc_security.h"
 
 namespace pdkv::engine {
@@ -22,6 +23,30 @@ std::mutex& reactor_order() {
   return mu;
 }
 void ordered_after_construction() { std::lock_guard lock(reactor_order()); }
+
+// What is left of the earliest deadline, at least 1 ms (a deadline already
+// passed still makes a call, which gRPC ends as DEADLINE_EXCEEDED).
+std::chrono::milliseconds time_left(Clock::time_point deadline) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+// Item `i`'s answer in a ReportStatuses reply: the call's status when the
+// call failed, else the item's own code and message.
+grpc::Status item_status(const grpc::Status& call, const proto::ControlReplies& reply, int i,
+                         int items, const std::string& peer) {
+  if (!call.ok()) return call;
+  if (reply.items_size() != items) {
+    return {grpc::StatusCode::INTERNAL,
+            fmt::format("{} answered {} of {} reports", peer, reply.items_size(), items)};
+  }
+  const proto::ItemReply& item = reply.items(i);
+  if (item.code() > static_cast<uint32_t>(grpc::StatusCode::UNAUTHENTICATED)) {
+    return {grpc::StatusCode::INTERNAL,
+            fmt::format("{} answered report {} with unknown code {}", peer, i, item.code())};
+  }
+  return {static_cast<grpc::StatusCode>(item.code()), item.message()};
+}
 
 std::shared_ptr<grpc::Channel> control_channel(const std::string& address,
                                                std::chrono::milliseconds keepalive,
@@ -211,17 +236,26 @@ void ControlLink::declare_lost(const Status& reason, bool cancel_calls) {
   if (events_.lost) events_.lost(reason);
 }
 
-template <typename Request>
+template <typename Request, typename Reply>
 void ControlLink::call(Request request, std::chrono::milliseconds timeout,
-                       const UnaryLaunch<Request, proto::ControlReply>& launch, Done done) {
+                       const UnaryLaunch<Request, Reply>& launch,
+                       std::function<void(const grpc::Status&, const Reply&)> done) {
   if (state_ == State::kLost || state_ == State::kStopped) {
     loop_.post([done = std::move(done), name = name_] {
-      done({grpc::StatusCode::UNAVAILABLE, fmt::format("control connection to {} is lost", name)});
+      done({grpc::StatusCode::UNAVAILABLE, fmt::format("control connection to {} is lost", name)},
+           Reply{});
     });
     return;
   }
-  start_unary<Request, proto::ControlReply>(
-      loop_, tracker_, group_, timeout, /*wait_for_ready=*/true, std::move(request), launch,
+  start_unary<Request, Reply>(loop_, tracker_, group_, timeout, /*wait_for_ready=*/true,
+                              std::move(request), launch, std::move(done));
+}
+
+template <typename Request>
+void ControlLink::call(Request request, std::chrono::milliseconds timeout,
+                       const UnaryLaunch<Request, proto::ControlReply>& launch, Done done) {
+  call<Request, proto::ControlReply>(
+      std::move(request), timeout, launch,
       [done = std::move(done)](const grpc::Status& s, const proto::ControlReply&) { done(s); });
 }
 
@@ -237,12 +271,51 @@ void ControlLink::send_transfer_info(proto::TransferInfo info, std::chrono::mill
 
 void ControlLink::report_status(proto::RoomStatus status, std::chrono::milliseconds timeout,
                                 Done done) {
-  call<proto::RoomStatus>(
-      std::move(status), timeout,
+  reports_.push_back({std::move(status), Clock::now() + timeout, std::move(done)});
+  if (std::exchange(flush_posted_, true)) return;
+  loop_.post([self = shared_from_this()] { self->flush_reports(); });
+}
+
+void ControlLink::flush_reports() {
+  flush_posted_ = false;
+  std::vector<PendingReport> ready = std::exchange(reports_, {});
+  std::span<PendingReport> left(ready);
+  while (!left.empty()) {
+    const size_t n = std::min(left.size(), static_cast<size_t>(kMaxStatusesPerCall));
+    send_reports(left.first(n));
+    left = left.subspan(n);
+  }
+}
+
+void ControlLink::send_reports(std::span<PendingReport> reports) {
+  auto earliest = std::min_element(reports.begin(), reports.end(),
+                                   [](auto& a, auto& b) { return a.deadline < b.deadline; });
+  const std::chrono::milliseconds timeout = time_left(earliest->deadline);
+  if (reports.size() == 1) {
+    return call<proto::RoomStatus>(
+        std::move(reports[0].status), timeout,
+        [stub = stub_.get()](auto* ctx, auto* req, auto* rep, auto cb) {
+          stub->async()->ReportStatus(ctx, req, rep, std::move(cb));
+        },
+        std::move(reports[0].done));
+  }
+  proto::RoomStatuses batch;
+  batch.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  std::vector<Done> dones;
+  for (PendingReport& r : reports) {
+    *batch.add_statuses() = std::move(r.status);
+    dones.push_back(std::move(r.done));
+  }
+  call<proto::RoomStatuses, proto::ControlReplies>(
+      std::move(batch), timeout,
       [stub = stub_.get()](auto* ctx, auto* req, auto* rep, auto cb) {
-        stub->async()->ReportStatus(ctx, req, rep, std::move(cb));
+        stub->async()->ReportStatuses(ctx, req, rep, std::move(cb));
       },
-      std::move(done));
+      [dones = std::move(dones), peer = name_](const grpc::Status& s,
+                                               const proto::ControlReplies& reply) {
+        const int items = static_cast<int>(dones.size());
+        for (int i = 0; i < items; ++i) dones[i](item_status(s, reply, i, items, peer));
+      });
 }
 
 void ControlLink::abort_room(proto::AbortRequest request, std::chrono::milliseconds timeout,

@@ -24,7 +24,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "engine/event_loop.h"
 #include "engine/grpc_calls.h"
@@ -57,6 +59,10 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
   // The protocol's calls. They wait for the connection (riding out a
   // reconnect), end by `timeout`, and are cancelled when the link is lost.
   void send_transfer_info(proto::TransferInfo info, std::chrono::milliseconds timeout, Done done);
+  // Reports made before the loop comes back to this link travel together
+  // (ReportStatuses, up to kMaxStatusesPerCall a call; one alone as
+  // ReportStatus): rooms that complete in one burst cost one call. Each
+  // report's `done` gets its own answer.
   void report_status(proto::RoomStatus status, std::chrono::milliseconds timeout, Done done);
   void abort_room(proto::AbortRequest request, std::chrono::milliseconds timeout, Done done);
 
@@ -69,9 +75,24 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
   void on_stream_up();
   void on_stream_done(const grpc::Status& status, bool was_up);
   void declare_lost(const Status& reason, bool cancel_calls);
+  // Starts a call, or answers UNAVAILABLE (through the loop) on a lost link.
+  template <typename Request, typename Reply>
+  void call(Request request, std::chrono::milliseconds timeout,
+            const UnaryLaunch<Request, Reply>& launch,
+            std::function<void(const grpc::Status&, const Reply&)> done);
   template <typename Request>
   void call(Request request, std::chrono::milliseconds timeout,
             const UnaryLaunch<Request, proto::ControlReply>& launch, Done done);
+
+  // A report waiting for flush_reports(), which the loop runs once it has
+  // run the tasks queued before the first of them.
+  struct PendingReport {
+    proto::RoomStatus status;
+    Clock::time_point deadline;
+    Done done;
+  };
+  void flush_reports();
+  void send_reports(std::span<PendingReport> reports);
 
   EventLoop& loop_;
   CallTracker& tracker_;
@@ -87,6 +108,8 @@ class ControlLink : public std::enable_shared_from_this<ControlLink> {
   Clock::time_point connect_deadline_;
   std::optional<Clock::time_point> refused_since_;
   EventLoop::TimerId retry_timer_ = 0, connect_timer_ = 0;
+  std::vector<PendingReport> reports_;
+  bool flush_posted_ = false;
 };
 
 // Server-side channel arguments: keepalive matching the links' (gRPC refuses

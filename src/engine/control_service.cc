@@ -13,17 +13,54 @@ namespace {
 
 constexpr char kTransferInfoMethod[] = "/pdkv.proto.Control/SendTransferInfo";
 constexpr char kReportStatusMethod[] = "/pdkv.proto.Control/ReportStatus";
+constexpr char kReportStatusesMethod[] = "/pdkv.proto.Control/ReportStatuses";
 constexpr char kAbortRoomMethod[] = "/pdkv.proto.Control/AbortRoom";
 constexpr char kWatchMethod[] = "/pdkv.proto.Control/Watch";
 
 }  // namespace
 
+// The reply message is gRPC's until the reactor finishes: every item writes
+// its answer into it under the lock, and the last one finishes the call.
+class ItemReplies {
+ public:
+  ItemReplies(grpc::ServerUnaryReactor* reactor, proto::ControlReplies* reply, int items)
+      : reactor_(reactor), reply_(reply), left_(items) {
+    for (int i = 0; i < items; ++i) reply_->add_items();
+  }
+
+  void answer(int item, const Status& status) {
+    const grpc::Status g = to_grpc(status);
+    bool last;
+    {
+      std::lock_guard lock(mu_);
+      proto::ItemReply* r = reply_->mutable_items(item);
+      r->set_code(static_cast<uint32_t>(g.error_code()));
+      r->set_message(g.error_message());
+      last = --left_ == 0;
+    }
+    if (last) reactor_->Finish(grpc::Status::OK);
+  }
+
+ private:
+  grpc::ServerUnaryReactor* const reactor_;
+  std::mutex mu_;
+  proto::ControlReplies* const reply_;  // mu_
+  int left_;                            // mu_
+};
+
+Answer::Answer(std::shared_ptr<ItemReplies> call, int item,
+               std::shared_ptr<std::atomic<uint32_t>> serving)
+    : call_(std::move(call)), item_(item), serving_(std::move(serving)) {}
+
 Answer::~Answer() { send(Status::unavailable("the engine shut down before answering")); }
 
 void Answer::send(const Status& status) {
-  if (grpc::ServerUnaryReactor* r = reactor_.exchange(nullptr)) {
-    if (serving_) serving_->fetch_sub(1);
-    r->Finish(to_grpc(status));
+  if (sent_.exchange(true)) return;
+  if (serving_) serving_->fetch_sub(1);
+  if (call_) {
+    call_->answer(item_, status);
+  } else {
+    reactor_->Finish(to_grpc(status));
   }
 }
 
@@ -93,33 +130,42 @@ class ControlService::WatchReactor final
                             // callbacks, one at a time
 };
 
+template <typename Request>
+ControlSink* ControlService::admit(grpc::CallbackServerContext* ctx,
+                                   grpc::ServerUnaryReactor* reactor, const char* method,
+                                   const Request& request, uint32_t items) {
+  const Status version = check_protocol_version(request.protocol_version());
+  if (!version.is_ok()) {
+    reactor->Finish(to_grpc(version));
+    return nullptr;
+  }
+  const grpc::Status authenticated = auth_.check(*ctx, method, &request);
+  if (!authenticated.ok()) {
+    reactor->Finish(authenticated);
+    return nullptr;
+  }
+  if (serving_->fetch_add(items) + items > limits_.control_calls) {
+    serving_->fetch_sub(items);
+    reactor->Finish(to_grpc(Status::resource_exhausted(fmt::format(
+        "{} control calls are being served here (Limits::control_calls)", limits_.control_calls))));
+    return nullptr;
+  }
+  ControlSink* sink = sink_.load();
+  if (sink == nullptr) {
+    serving_->fetch_sub(items);
+    reactor->Finish(
+        to_grpc(Status::unavailable("this rank is not serving (starting or shut down)")));
+  }
+  return sink;
+}
+
 template <typename Request, typename Deliver>
 grpc::ServerUnaryReactor* ControlService::serve(grpc::CallbackServerContext* ctx,
                                                 const char* method, const Request& request,
                                                 Deliver deliver) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const Status version = check_protocol_version(request.protocol_version());
-  if (!version.is_ok()) {
-    reactor->Finish(to_grpc(version));
-    return reactor;
-  }
-  const grpc::Status authenticated = auth_.check(*ctx, method, &request);
-  if (!authenticated.ok()) {
-    reactor->Finish(authenticated);
-    return reactor;
-  }
-  if (serving_->fetch_add(1) >= limits_.control_calls) {
-    serving_->fetch_sub(1);
-    reactor->Finish(to_grpc(Status::resource_exhausted(fmt::format(
-        "{} control calls are being served here (Limits::control_calls)", limits_.control_calls))));
-    return reactor;
-  }
-  auto answer = std::make_shared<Answer>(reactor, serving_);
-  ControlSink* sink = sink_.load();
-  if (sink == nullptr) {
-    answer->send(Status::unavailable("this rank is not serving (starting or shut down)"));
-  } else {
-    deliver(*sink, std::move(answer));
+  if (ControlSink* sink = admit(ctx, reactor, method, request, 1)) {
+    deliver(*sink, std::make_shared<Answer>(reactor, serving_));
   }
   return reactor;
 }
@@ -138,6 +184,34 @@ grpc::ServerUnaryReactor* ControlService::ReportStatus(grpc::CallbackServerConte
   return serve(ctx, kReportStatusMethod, *request, [request](ControlSink& sink, AnswerPtr answer) {
     sink.on_room_status(*request, std::move(answer));
   });
+}
+
+// Each report is delivered, and answered, as a ReportStatus of its own; the
+// call ends when the last is answered (ItemReplies).
+grpc::ServerUnaryReactor* ControlService::ReportStatuses(grpc::CallbackServerContext* ctx,
+                                                         const proto::RoomStatuses* request,
+                                                         proto::ControlReplies* reply) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const int items = request->statuses_size();
+  if (items == 0 || items > kMaxStatusesPerCall) {
+    reactor->Finish(to_grpc(Status::invalid_argument(fmt::format(
+        "ReportStatuses carries {} reports; a call carries 1 to {}", items, kMaxStatusesPerCall))));
+    return reactor;
+  }
+  ControlSink* sink = admit(ctx, reactor, kReportStatusesMethod, *request, items);
+  if (sink == nullptr) return reactor;
+  auto replies = std::make_shared<ItemReplies>(reactor, reply, items);
+  for (int i = 0; i < items; ++i) {
+    auto answer = std::make_shared<Answer>(replies, i, serving_);
+    const proto::RoomStatus& status = request->statuses(i);
+    const Status version = check_protocol_version(status.protocol_version());
+    if (!version.is_ok()) {
+      answer->send(version);
+    } else {
+      sink->on_room_status(status, std::move(answer));
+    }
+  }
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* ControlService::AbortRoom(grpc::CallbackServerContext* ctx,

@@ -22,20 +22,34 @@
 
 namespace pdkv::engine {
 
-// The reply to one unary control call: finishes its reactor exactly once.
-// Dropped unanswered (the engine shutting down), it answers UNAVAILABLE.
+// Reports in one ReportStatuses call, at most: a bound on what one call can
+// make a rank hold, and the size of the batches a link sends.
+inline constexpr int kMaxStatusesPerCall = 64;
+
+// The replies of one call of several items (ReportStatuses): the call
+// finishes, OK with every item's answer, once the last item is answered.
+class ItemReplies;
+
+// The answer to one control request: a unary call of its own, whose reactor
+// it finishes, or one item of a call of several. Sent exactly once; dropped
+// unanswered (the engine shutting down), it answers UNAVAILABLE.
 class Answer {
  public:
   // `serving` counts the answers not yet sent (Limits::control_calls).
   Answer(grpc::ServerUnaryReactor* reactor, std::shared_ptr<std::atomic<uint32_t>> serving)
       : reactor_(reactor), serving_(std::move(serving)) {}
+  Answer(std::shared_ptr<ItemReplies> call, int item,
+         std::shared_ptr<std::atomic<uint32_t>> serving);
   ~Answer();
   Answer(const Answer&) = delete;
   Answer& operator=(const Answer&) = delete;
   void send(const Status& status);
 
  private:
-  std::atomic<grpc::ServerUnaryReactor*> reactor_;
+  std::atomic<bool> sent_{false};
+  grpc::ServerUnaryReactor* const reactor_ = nullptr;  // a unary call's
+  const std::shared_ptr<ItemReplies> call_;            // or an item's
+  const int item_ = 0;
   std::shared_ptr<std::atomic<uint32_t>> serving_;
 };
 using AnswerPtr = std::shared_ptr<Answer>;
@@ -70,6 +84,9 @@ class ControlService final : public proto::Control::CallbackService {
   grpc::ServerUnaryReactor* ReportStatus(grpc::CallbackServerContext* ctx,
                                          const proto::RoomStatus* request,
                                          proto::ControlReply* reply) override;
+  grpc::ServerUnaryReactor* ReportStatuses(grpc::CallbackServerContext* ctx,
+                                           const proto::RoomStatuses* request,
+                                           proto::ControlReplies* reply) override;
   grpc::ServerUnaryReactor* AbortRoom(grpc::CallbackServerContext* ctx,
                                       const proto::AbortRequest* request,
                                       proto::ControlReply* reply) override;
@@ -79,8 +96,14 @@ class ControlService final : public proto::Control::CallbackService {
  private:
   class WatchReactor;
   friend class WatchReactor;
-  // Answers a request that cannot be delivered (another protocol version,
-  // not serving), or hands it to deliver(sink, answer).
+  // Refuses a request that cannot be delivered (another protocol version,
+  // bad credentials, `items` more requests than Limits::control_calls
+  // allows, not serving) and returns null, or the sink to deliver it to,
+  // with `items` counted as being served.
+  template <typename Request>
+  ControlSink* admit(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor,
+                     const char* method, const Request& request, uint32_t items);
+  // admit(), then deliver(sink, answer) with the call's one answer.
   template <typename Request, typename Deliver>
   grpc::ServerUnaryReactor* serve(grpc::CallbackServerContext* ctx, const char* method,
                                   const Request& request, Deliver deliver);

@@ -1,6 +1,7 @@
 // Control messages on a live engine pair: TransferInfo to the prefill rank,
-// RoomStatus to the decode rank, AbortRoom to the prefill rank, each from
-// the input's bytes (through gRPC, as a peer would send them). Flag bits
+// RoomStatus and RoomStatuses (several reports) to the decode rank,
+// AbortRoom to the prefill rank, each from the input's bytes (through gRPC,
+// as a peer would send them). Flag bits
 // make some of them well-formed enough to reach deeper: this protocol
 // version, a room id the engines share, the real peer's name. Every 1024
 // inputs a real room must still move between the engines (liveness).
@@ -101,7 +102,7 @@ void fix_up(Message& m, uint8_t flags) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   Live& l = live();
-  const uint8_t op = data[0] % 3, flags = data[1];
+  const uint8_t op = data[0] % 4, flags = data[1];
   const char* bytes = reinterpret_cast<const char*>(data + 2);
   const int length = static_cast<int>(size - 2);
   grpc::ClientContext ctx;
@@ -121,6 +122,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fix_up(status, flags);
     if (flags & 4) *status.mutable_prefill() = l.prefill_ref;
     (void)l.to_decode->ReportStatus(&ctx, status, &reply);
+  } else if (op == 3) {
+    proto::RoomStatuses batch;
+    if (!batch.ParseFromArray(bytes, length)) return 0;
+    if (flags & 1) batch.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+    for (proto::RoomStatus& status : *batch.mutable_statuses()) {
+      fix_up(status, flags);
+      if (flags & 4) *status.mutable_prefill() = l.prefill_ref;
+    }
+    proto::ControlReplies replies;
+    (void)l.to_decode->ReportStatuses(&ctx, batch, &replies);
   } else {
     proto::AbortRequest abort;
     if (!abort.ParseFromArray(bytes, length)) return 0;

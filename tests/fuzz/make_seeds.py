@@ -40,7 +40,7 @@ def packed(number, values):
     return field(number, b"".join(varint(v) for v in values))
 
 
-VERSION = 2
+VERSION = 3
 
 
 def rank_ref(engine, tp=0, incarnation=7):
@@ -82,8 +82,10 @@ def seeds():
                      (8, 1), (9, 1))
     abort = message((1, VERSION), (2, 3), (3, rank_ref("decode")), (4, "stop"))
     notice = message((1, VERSION), (2, 5), (3, rank_ref("decode")), (10, 1))
+    batch = message((1, VERSION), (2, status), (2, failed))
     out["control"] = [b"\x00\x07" + info, b"\x01\x07" + status, b"\x01\x07" + failed,
-                      b"\x02\x07" + abort, b"\x00\x03" + notice, b"\x00\x00" + info]
+                      b"\x02\x07" + abort, b"\x00\x03" + notice, b"\x00\x00" + info,
+                      b"\x03\x07" + batch]
 
     # Buffers: base, length, memfd (all ones: not shared).
     mooncake = (blob("pdkv-mooncake-2") + blob("127.0.0.1:5000") + blob("host") + u64(1) +

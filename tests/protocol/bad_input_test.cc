@@ -55,8 +55,8 @@ class BadInput : public ::testing::Test {
     return stub_to(prefill_ranks_[p].control_address())->SendTransferInfo(&ctx, info, &reply);
   }
 
-  grpc::Status send_status(int p, int d, RoomId room, bool success,
-                           const std::string& reason = "") {
+  // A report as prefill rank `p` would make it.
+  proto::RoomStatus status_of(int p, RoomId room, bool success, const std::string& reason = "") {
     proto::RoomStatus st;
     st.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
     st.set_room(room);
@@ -64,9 +64,26 @@ class BadInput : public ::testing::Test {
     st.set_success(success);
     st.set_reason(reason);
     st.set_code(static_cast<uint32_t>(StatusCode::kInternal));
+    return st;
+  }
+
+  grpc::Status send_status(int p, int d, RoomId room, bool success,
+                           const std::string& reason = "") {
     proto::ControlReply reply;
     grpc::ClientContext ctx;
-    return stub_to(decode_ranks_[d].control_address())->ReportStatus(&ctx, st, &reply);
+    return stub_to(decode_ranks_[d].control_address())
+        ->ReportStatus(&ctx, status_of(p, room, success, reason), &reply);
+  }
+
+  // Several reports in one call to decode rank `d`.
+  grpc::Status send_statuses(int d, const std::vector<proto::RoomStatus>& statuses,
+                             proto::ControlReplies* reply,
+                             uint32_t version = proto::PROTOCOL_VERSION_CURRENT) {
+    proto::RoomStatuses batch;
+    batch.set_protocol_version(version);
+    batch.mutable_statuses()->Add(statuses.begin(), statuses.end());
+    grpc::ClientContext ctx;
+    return stub_to(decode_ranks_[d].control_address())->ReportStatuses(&ctx, batch, reply);
   }
 
   // A complete, healthy room alongside the bad input: it must still succeed.
@@ -135,7 +152,7 @@ TEST_F(BadInput, OtherProtocolVersion) {
   const grpc::Status s = send_info(0, 0, 100, first_pages(2), 7);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(s.error_message(),
-            "peer speaks pdkv protocol version 7, this process speaks version 2");
+            "peer speaks pdkv protocol version 7, this process speaks version 3");
 }
 
 TEST_F(BadInput, ClosedRoomIsNeverResurrected) {
@@ -160,6 +177,57 @@ TEST_F(BadInput, StatusForUnknownRoomOrFromAStranger) {
   EXPECT_EQ(s.error_message(),
             "room 301: prefill dp 0 tp 2 pp 0 is not a source of decode dp 0 tp 0 pp 0");
   EXPECT_EQ(rx->poll(), PollState::kWaitingForInput);  // untouched
+}
+
+// Each report of a call of several is checked and answered as a call of its
+// own would be, in order; one bad report fails nothing but its own answer.
+TEST_F(BadInput, ReportsInOneCallAreAnsweredEachOnItsOwn) {
+  auto rx = std::move(cluster_->decode[0]->receiver(301, "prefill")).value();
+  ASSERT_TRUE(rx->init().is_ok());
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kWaitingForInput; }));
+  proto::RoomStatus other_version = status_of(0, 301, true);
+  other_version.set_protocol_version(7);
+  proto::ControlReplies reply;
+  const grpc::Status s = send_statuses(0,
+                                       {status_of(0, 300, true), status_of(2, 301, true),
+                                        other_version, status_of(0, 301, false, "disk on fire")},
+                                       &reply);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(reply.items_size(), 4);
+  const std::vector<std::pair<grpc::StatusCode, std::string>> expected = {
+      {grpc::StatusCode::NOT_FOUND, "room 300 is not open on decode dp 0 tp 0 pp 0"},
+      {grpc::StatusCode::INVALID_ARGUMENT,
+       "room 301: prefill dp 0 tp 2 pp 0 is not a source of decode dp 0 tp 0 pp 0"},
+      {grpc::StatusCode::FAILED_PRECONDITION,
+       "peer speaks pdkv protocol version 7, this process speaks version 3"},
+      {grpc::StatusCode::OK, ""}};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(reply.items(i).code(), static_cast<uint32_t>(expected[i].first)) << "report " << i;
+    EXPECT_EQ(reply.items(i).message(), expected[i].second) << "report " << i;
+  }
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kFailed; }));
+  EXPECT_EQ(rx->failure().message(), "prefill dp 0 tp 0 pp 0 failed room 301: disk on fire");
+  expect_other_room_succeeds(302);
+}
+
+TEST_F(BadInput, ACallOfReportsIsRefusedWholeOutsideItsBounds) {
+  proto::ControlReplies reply;
+  grpc::Status s = send_statuses(0, {}, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "ReportStatuses carries 0 reports; a call carries 1 to 64");
+  s = send_statuses(0, std::vector<proto::RoomStatus>(65, status_of(0, 300, true)), &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "ReportStatuses carries 65 reports; a call carries 1 to 64");
+  s = send_statuses(0, {status_of(0, 300, true)}, &reply, 7);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(s.error_message(),
+            "peer speaks pdkv protocol version 7, this process speaks version 3");
+  EXPECT_EQ(reply.items_size(), 0);
+  // 64 is the most: each answered.
+  s = send_statuses(0, std::vector<proto::RoomStatus>(64, status_of(0, 300, true)), &reply);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(reply.items_size(), 64);
+  EXPECT_EQ(reply.items(63).code(), static_cast<uint32_t>(grpc::StatusCode::NOT_FOUND));
 }
 
 TEST_F(BadInput, SuccessAfterFailureStaysFailure) {

@@ -189,6 +189,43 @@ TEST_F(ControlCallBounds, CallsBeyondTheBoundAreRefusedWhileOneIsServed) {
   EXPECT_TRUE(poll_until([&] { return room.receivers[0]->poll() == PollState::kFailed; }, 20s));
 }
 
+// Each report of a ReportStatuses counts against Limits::control_calls: a
+// call of more reports than the bound is refused whole, naming it.
+class ReportBounds : public Bounds {
+ protected:
+  void shape(ClusterSpec& spec) const override { spec.limits.control_calls = 2; }
+  grpc::Status send_reports(int reports, proto::ControlReplies* reply) {
+    proto::RoomStatuses batch;
+    batch.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+    for (int i = 0; i < reports; ++i) {
+      proto::RoomStatus* st = batch.add_statuses();
+      st->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+      st->set_room(500 + i);
+      *st->mutable_prefill() = engine::ref_of(prefill_);
+      st->set_success(true);
+    }
+    auto to_decode = proto::Control::NewStub(
+        grpc::CreateChannel(decode_.control_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    return to_decode->ReportStatuses(&ctx, batch, reply);
+  }
+};
+
+TEST_F(ReportBounds, EachReportOfACallCounts) {
+  proto::ControlReplies reply;
+  grpc::Status s = send_reports(3, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(s.error_message(), "2 control calls are being served here (Limits::control_calls)");
+  // Two fit, and once answered they no longer count: twice in a row.
+  for (int round = 0; round < 2; ++round) {
+    s = send_reports(2, &reply);
+    ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.error_message();
+    ASSERT_EQ(reply.items_size(), 2);
+    EXPECT_EQ(reply.items(1).message(), "room 501 is not open on decode dp 0 tp 0 pp 0");
+  }
+}
+
 TEST(ReplayCacheBound, ACallBeyondTheCacheIsRefusedNamingTheLimit) {
   Security security;
   security.secret = "0123456789abcdef-cluster-secret";
