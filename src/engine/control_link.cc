@@ -13,6 +13,10 @@ namespace pdkv::engine {
 namespace {
 
 constexpr auto kRetryRefused = std::chrono::milliseconds(50);
+// The most report bytes in one ReportStatuses call: a quarter of what gRPC
+// receives in one message by default (4 MiB), so that reports with long
+// reasons never make a call the peer refuses whole.
+constexpr size_t kMaxReportBytesPerCall = 1 << 20;
 
 // gRPC orders a reactor's construction before the callbacks it runs on
 // threads of its own, but inside its core, where tools (ThreadSanitizer)
@@ -228,6 +232,9 @@ void ControlLink::on_stream_done(const grpc::Status& s, bool was_up) {
 }
 
 void ControlLink::declare_lost(const Status& reason, bool cancel_calls) {
+  // A peer leaving in good order still answers calls: reports made before
+  // it left go out, as calls of their own would have gone already.
+  if (!cancel_calls) flush_reports();
   state_ = State::kLost;
   loop_.cancel(retry_timer_);
   loop_.cancel(connect_timer_);
@@ -281,7 +288,14 @@ void ControlLink::flush_reports() {
   std::vector<PendingReport> ready = std::exchange(reports_, {});
   std::span<PendingReport> left(ready);
   while (!left.empty()) {
-    const size_t n = std::min(left.size(), static_cast<size_t>(kMaxStatusesPerCall));
+    // Up to kMaxStatusesPerCall reports and kMaxReportBytesPerCall bytes a
+    // call (a long reason travels alone), at least one.
+    size_t n = 1, bytes = left[0].status.ByteSizeLong();
+    while (n < left.size() && n < static_cast<size_t>(kMaxStatusesPerCall)) {
+      bytes += left[n].status.ByteSizeLong();
+      if (bytes > kMaxReportBytesPerCall) break;
+      ++n;
+    }
     send_reports(left.first(n));
     left = left.subspan(n);
   }

@@ -1,5 +1,6 @@
 #include "engine/control_service.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -133,7 +134,7 @@ class ControlService::WatchReactor final
 template <typename Request>
 ControlSink* ControlService::admit(grpc::CallbackServerContext* ctx,
                                    grpc::ServerUnaryReactor* reactor, const char* method,
-                                   const Request& request, uint32_t items) {
+                                   const Request& request) {
   const Status version = check_protocol_version(request.protocol_version());
   if (!version.is_ok()) {
     reactor->Finish(to_grpc(version));
@@ -144,19 +145,27 @@ ControlSink* ControlService::admit(grpc::CallbackServerContext* ctx,
     reactor->Finish(authenticated);
     return nullptr;
   }
-  if (serving_->fetch_add(items) + items > limits_.control_calls) {
-    serving_->fetch_sub(items);
-    reactor->Finish(to_grpc(Status::resource_exhausted(fmt::format(
-        "{} control calls are being served here (Limits::control_calls)", limits_.control_calls))));
-    return nullptr;
-  }
   ControlSink* sink = sink_.load();
   if (sink == nullptr) {
-    serving_->fetch_sub(items);
     reactor->Finish(
         to_grpc(Status::unavailable("this rank is not serving (starting or shut down)")));
   }
   return sink;
+}
+
+uint32_t ControlService::take_slots(uint32_t wanted) {
+  uint32_t serving = serving_->load();
+  uint32_t taken;
+  do {
+    if (serving >= limits_.control_calls) return 0;
+    taken = std::min(wanted, limits_.control_calls - serving);
+  } while (!serving_->compare_exchange_weak(serving, serving + taken));
+  return taken;
+}
+
+Status ControlService::full() const {
+  return Status::resource_exhausted(fmt::format(
+      "{} control calls are being served here (Limits::control_calls)", limits_.control_calls));
 }
 
 template <typename Request, typename Deliver>
@@ -164,7 +173,11 @@ grpc::ServerUnaryReactor* ControlService::serve(grpc::CallbackServerContext* ctx
                                                 const char* method, const Request& request,
                                                 Deliver deliver) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (ControlSink* sink = admit(ctx, reactor, method, request, 1)) {
+  ControlSink* sink = admit(ctx, reactor, method, request);
+  if (sink == nullptr) return reactor;
+  if (take_slots(1) == 0) {
+    reactor->Finish(to_grpc(full()));
+  } else {
     deliver(*sink, std::make_shared<Answer>(reactor, serving_));
   }
   return reactor;
@@ -198,10 +211,17 @@ grpc::ServerUnaryReactor* ControlService::ReportStatuses(grpc::CallbackServerCon
         "ReportStatuses carries {} reports; a call carries 1 to {}", items, kMaxStatusesPerCall))));
     return reactor;
   }
-  ControlSink* sink = admit(ctx, reactor, kReportStatusesMethod, *request, items);
+  ControlSink* sink = admit(ctx, reactor, kReportStatusesMethod, *request);
   if (sink == nullptr) return reactor;
+  // The reports that fit under Limits::control_calls are served; the rest
+  // are refused one by one, as calls of their own arriving now would be.
+  const int served = static_cast<int>(take_slots(static_cast<uint32_t>(items)));
   auto replies = std::make_shared<ItemReplies>(reactor, reply, items);
   for (int i = 0; i < items; ++i) {
+    if (i >= served) {
+      Answer(replies, i, nullptr).send(full());
+      continue;
+    }
     auto answer = std::make_shared<Answer>(replies, i, serving_);
     const proto::RoomStatus& status = request->statuses(i);
     const Status version = check_protocol_version(status.protocol_version());

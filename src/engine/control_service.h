@@ -97,13 +97,16 @@ class ControlService final : public proto::Control::CallbackService {
   class WatchReactor;
   friend class WatchReactor;
   // Refuses a request that cannot be delivered (another protocol version,
-  // bad credentials, `items` more requests than Limits::control_calls
-  // allows, not serving) and returns null, or the sink to deliver it to,
-  // with `items` counted as being served.
+  // bad credentials, not serving) and returns null, or the sink to deliver
+  // it to.
   template <typename Request>
   ControlSink* admit(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor,
-                     const char* method, const Request& request, uint32_t items);
-  // admit(), then deliver(sink, answer) with the call's one answer.
+                     const char* method, const Request& request);
+  // Counts up to `wanted` requests as being served, as many as
+  // Limits::control_calls leaves room for; returns how many.
+  uint32_t take_slots(uint32_t wanted);
+  Status full() const;  // what a request beyond Limits::control_calls is told
+  // admit() and a slot, then deliver(sink, answer) with the call's one answer.
   template <typename Request, typename Deliver>
   grpc::ServerUnaryReactor* serve(grpc::CallbackServerContext* ctx, const char* method,
                                   const Request& request, Deliver deliver);

@@ -24,11 +24,16 @@ void EngineCore::shutdown() {
   if (ctx_) {
     // 1. Every room fails; peers are told (failure reports, aborts).
     const Status reason = Status::aborted(fmt::format("engine {} shut down", describe(self_)));
-    loop_.post([this, reason] {
+    // Waited for, and then the tasks it posted (a link sends its reports
+    // from one), so that the calls it made are in flight before the wait.
+    std::promise<void> told;
+    loop_.post([this, reason, &told] {
       registration_->stop();
       prefill_->shutdown(reason);
       decode_->shutdown(reason);
+      loop_.post([&told] { told.set_value(); });
     });
+    told.get_future().wait();
     (void)calls_.wait_idle(kFarewell, CallTracker::Kind::kUnary);
     // 2. Rooms whose sources did not answer fail now; links and lookups end.
     // Waited for: until it has run, a timer on the loop (a lookup's retry)

@@ -130,7 +130,7 @@ class ReportBatching : public ::testing::Test {
   }
 
   // Reports these rooms, all from one loop task, and waits for every answer.
-  void report(const std::vector<uint64_t>& rooms) {
+  void report(const std::vector<uint64_t>& rooms, size_t reason_bytes = 0) {
     const size_t before = answered();
     run_on_loop([&] {
       for (uint64_t room : rooms) {
@@ -138,6 +138,7 @@ class ReportBatching : public ::testing::Test {
         status.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
         status.set_room(room);
         status.set_success(true);
+        status.set_reason(std::string(reason_bytes, 'r'));
         link_->report_status(std::move(status), 5s, [this, room](const grpc::Status& s) {
           std::lock_guard lock(mu_);
           answers_[room] = s;
@@ -168,16 +169,19 @@ TEST_F(ReportBatching, ReportsReadyTogetherTravelInOneCallAndEachGetsItsOwnAnswe
   std::vector<uint64_t> many(70);
   std::iota(many.begin(), many.end(), 10);  // rooms 10 ... 79: 64 a call at most
   report(many);
+  // 1 MiB of reports a call at most: 400 KiB reasons go two and one.
+  report({100, 101, 102}, 400 << 10);
 
   std::vector<uint64_t> first(many.begin(), many.begin() + 64), rest(many.begin() + 64, many.end());
   // Calls in flight together may arrive in either order: compared sorted.
   std::vector<std::vector<uint64_t>> calls = peer_.calls();
   std::sort(calls.begin(), calls.end());
-  const std::vector<std::vector<uint64_t>> expected = {{1, 2, 3}, {4}, first, rest};
+  const std::vector<std::vector<uint64_t>> expected = {{1, 2, 3}, {4},        first,
+                                                       rest,      {100, 101}, {102}};
   EXPECT_EQ(calls, expected);
 
   std::lock_guard lock(mu_);
-  ASSERT_EQ(answers_.size(), 74u);
+  ASSERT_EQ(answers_.size(), 77u);
   for (const auto& [room, answer] : answers_) {
     if (room % 2 == 0) {
       EXPECT_TRUE(answer.ok()) << "room " << room << ": " << answer.error_message();
