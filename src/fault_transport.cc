@@ -39,7 +39,13 @@ class FaultInjectingTransport final : public Transport {
       : real_(std::move(real)), spec_(spec), rng_(*spec.seed) {}
 
   std::string_view name() const override { return real_->name(); }
-  TransportCapabilities capabilities() const override { return real_->capabilities(); }
+  // No batch-end events: a batch is handed over, and its fate decided, when
+  // it is polled, so the engine polls on its timer.
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities caps = real_->capabilities();
+    caps.batch_end_events = false;
+    return caps;
+  }
   uint64_t write_overhead_bytes_from(std::string_view source_descriptor) const override {
     return real_->write_overhead_bytes_from(source_descriptor);
   }

@@ -18,6 +18,7 @@
 #include <shared_mutex>
 #include <vector>
 
+#include "batch_end_signal.h"
 #include "event_loop.h"
 #include "frame_io.h"
 #include "shared_pool.h"
@@ -248,6 +249,10 @@ struct TransferEngine::Impl {
     // Moves request `index` on (never back, never out of an end state).
     // Returns whether it moved.
     bool advance(size_t index, TransferState to, Status error = {});
+    // Whether get_batch_status has news: every request completed, or one
+    // failed (its peers are told to drop the rest when it is polled) and
+    // maybe no slice is out any more.
+    bool announcing() const { return first_failure || completed == requests.size(); }
     Clock::time_point deadline = Clock::time_point::max();
     // The notification, held until every other request has completed.
     SlicePtr notification;
@@ -281,6 +286,9 @@ struct TransferEngine::Impl {
   std::map<SegmentHandle, Status> failed_segments;
   std::vector<std::string> notifications;  // received, not yet taken
   FailureCallback on_failure;
+  // Marked under mu as batches end or fail; announced by the loop thread
+  // that did it once mu is released (complete, fail, fail_request).
+  BatchEndSignal batch_ends;
   BatchId next_batch = 1;
   SegmentHandle next_segment = 1;
 

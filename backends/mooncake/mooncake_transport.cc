@@ -27,17 +27,23 @@ Result<uint64_t> parse_number(const std::string& key, const std::string& value, 
 }
 
 constexpr std::string_view kOptions =
-    "host=ADDR, listen=ADDR[,ADDR...], bind=ADDR[,ADDR...], rails=N, slice_size=BYTES, "
+    "host=ADDR, transfer_timeout_ms=MS, listen=ADDR[,ADDR...], bind=ADDR[,ADDR...], rails=N, "
+    "slice_size=BYTES, "
     "slice_timeout_ms=MS, request_timeout_ms=MS, retries=N, same_host=auto|off|require, "
     "io_threads=N";
 
+}  // namespace
+
 Result<EngineConfig> config_from(const TransportOptions& options) {
   EngineConfig c;
-  bool listen_given = false;
+  bool listen_given = false, request_timeout_given = false;
   std::string host;  // the rank's address: listen and bind on it unless told otherwise
   for (const auto& [key, value] : options) {
     if (key == "host") {
       host = value;
+    } else if (key == kTransferTimeoutOption) {
+      PDKV_ASSIGN_OR_RETURN(uint64_t n, parse_number(key, value, 1, kMaxTransferTimeoutMs));
+      if (!request_timeout_given) c.request_timeout = std::chrono::milliseconds(n);
     } else if (key == "listen") {
       c.listen = split_list(value);
       listen_given = true;
@@ -54,6 +60,7 @@ Result<EngineConfig> config_from(const TransportOptions& options) {
     } else if (key == "request_timeout_ms") {
       PDKV_ASSIGN_OR_RETURN(uint64_t n, parse_number(key, value, 10, 3'600'000));
       c.request_timeout = std::chrono::milliseconds(n);
+      request_timeout_given = true;
     } else if (key == "retries") {
       PDKV_ASSIGN_OR_RETURN(uint64_t n, parse_number(key, value, 0, 64));
       c.retries = static_cast<uint32_t>(n);
@@ -75,6 +82,8 @@ Result<EngineConfig> config_from(const TransportOptions& options) {
   return c;
 }
 
+namespace {
+
 // From the naive and 1 -> 1 rows of docs/benchmarks.md: a slice over TCP
 // costs 5-15 us (its frame, its share of an ACK, the loop's turn), so staging
 // pays for page-sized (32 KiB) fragments already; a same-host slice well
@@ -92,6 +101,7 @@ class MooncakeTransport final : public Transport {
     TransportCapabilities caps;
     caps.reads = true;
     caps.notifications = true;
+    caps.batch_end_events = true;
     // `auto` may reach a peer either way: for a peer it knows nothing of, its
     // figure stages small fragments but writes pages in place.
     caps.write_overhead_bytes = same_host_ == SameHost::kRequire ? kSameHostWriteOverhead
@@ -167,6 +177,9 @@ class MooncakeTransport final : public Transport {
   void acquire_remote_writes() override { engine_->acquire_inbound_writes(); }
   void release_to_peers() override { engine_->release_to_peers(); }
 
+  void set_batch_end_callback(BatchEndCallback callback) override {
+    engine_->set_batch_end_callback(std::move(callback));
+  }
   void set_peer_failure_callback(PeerFailureCallback callback) override {
     engine_->set_segment_failure_callback(std::move(callback));
   }

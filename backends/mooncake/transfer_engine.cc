@@ -136,17 +136,20 @@ void TransferEngine::Impl::complete(Slices& slices) {
       auto b = batches.find(s->batch);
       if (b == batches.end()) continue;  // freed after it failed
       --b->second.slices_out;
+      if (b->second.first_failure && b->second.slices_out == 0) batch_ends.mark();  // over
       Request& r = b->second.requests[s->request];
       if (r.state != TransferState::kWaiting && r.state != TransferState::kPending) continue;
       r.transferred += s->length;
       b->second.transferred += s->length;
       if (--r.slices_left == 0 && b->second.advance(s->request, TransferState::kCompleted)) {
         release_notification(b->second, released);
+        if (b->second.announcing()) batch_ends.mark();
       }
     }
   }
   slices.clear();
   for (auto& [peer, slice] : released) peer->post_dispatch(std::move(slice));
+  batch_ends.announce();
 }
 
 void TransferEngine::Impl::release_notification(Batch& batch,
@@ -159,17 +162,26 @@ void TransferEngine::Impl::release_notification(Batch& batch,
 }
 
 void TransferEngine::Impl::fail(const Slice& slice, TransferState state, const Status& reason) {
-  std::lock_guard lock(mu);
-  auto b = batches.find(slice.batch);
-  if (b == batches.end()) return;
-  --b->second.slices_out;
-  b->second.advance(slice.request, state, reason);
+  {
+    std::lock_guard lock(mu);
+    auto b = batches.find(slice.batch);
+    if (b == batches.end()) return;
+    --b->second.slices_out;
+    b->second.advance(slice.request, state, reason);
+    batch_ends.mark();
+  }
+  batch_ends.announce();
 }
 
 void TransferEngine::Impl::fail_request(const Slice& slice, const Status& reason) {
-  std::lock_guard lock(mu);
-  auto b = batches.find(slice.batch);
-  if (b != batches.end()) b->second.advance(slice.request, TransferState::kFailed, reason);
+  {
+    std::lock_guard lock(mu);
+    auto b = batches.find(slice.batch);
+    if (b == batches.end()) return;
+    b->second.advance(slice.request, TransferState::kFailed, reason);
+    batch_ends.mark();
+  }
+  batch_ends.announce();
 }
 
 bool TransferEngine::Impl::wanted(const Slice& slice) {
@@ -338,6 +350,10 @@ void TransferEngine::close_segment(SegmentHandle segment, const Status& reason) 
   peer->loop().loop.post([peer, reason] { peer->fail(reason, false); });
 }
 
+void TransferEngine::set_batch_end_callback(std::function<void()> callback) {
+  impl_->batch_ends.set(std::move(callback));
+}
+
 void TransferEngine::set_segment_failure_callback(FailureCallback callback) {
   std::lock_guard lock(impl_->mu);
   impl_->on_failure = std::move(callback);
@@ -463,7 +479,9 @@ namespace {
 void apply_deadline(TransferEngine::Impl::Batch& batch, std::chrono::milliseconds timeout) {
   if (Clock::now() < batch.deadline || batch.completed == batch.requests.size()) return;
   const Status late = Status::deadline_exceeded(
-      fmt::format("not completed within request_timeout_ms={}", timeout.count()));
+      fmt::format("not completed within {} ms (request_timeout_ms, else the engine's transfer "
+                  "timeout)",
+                  timeout.count()));
   for (size_t i = 0; i < batch.requests.size(); ++i) {
     batch.advance(i, TransferState::kTimeout, late);
   }

@@ -39,12 +39,17 @@ struct EngineConfig {
   // A rail that moves no byte for this long while it owes acknowledgements
   // (or is connecting) is down; its slices go to another rail.
   std::chrono::milliseconds slice_timeout{5'000};
-  // A request not completed this long after submission ends as kTimeout.
+  // A request not completed this long after submission ends as kTimeout:
+  // option request_timeout_ms, else the engine's transfer timeout.
   std::chrono::milliseconds request_timeout{30'000};
   uint32_t retries = 3;  // further rails one slice may try
   SameHost same_host = SameHost::kAuto;
   uint32_t io_threads = 1;
 };
+
+// The configuration the `mooncake` transport's options (TransportOptions)
+// ask for; kInvalidArgument names an unknown key or a bad value.
+Result<EngineConfig> config_from(const TransportOptions& options);
 
 using SegmentHandle = uint64_t;
 
@@ -93,6 +98,9 @@ class TransferEngine {
   void close_segment(SegmentHandle segment, const Status& reason);
   // Called once per segment that fails, on an I/O thread.
   void set_segment_failure_callback(FailureCallback callback);
+  // Called on an I/O thread, with no lock of the engine held, after a batch
+  // completed or a request of one failed (Transport::set_batch_end_callback).
+  void set_batch_end_callback(std::function<void()> callback);
 
   Result<BatchId> allocate_batch_id(size_t batch_size);
   // Requests are numbered in submission order across calls, up to batch_size.

@@ -329,6 +329,8 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
     }
     if (ops.empty()) {
       t.status.state = TransferState::kSuccess;
+      batch_ends.mark();  // announced by the progress thread, woken below
+      notify();
       return Status::ok();
     }
     if (!read) {  // the last write tells the target, after all the others
@@ -384,6 +386,7 @@ void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
     std::lock_guard lock(impl_->mu);
     impl_->fail_peer_locked(engine_key, reason);
   }
+  impl_->notify();  // the progress thread announces the batches that failed
   (void)impl_->give_up_if_stuck();
 }
 
@@ -396,6 +399,10 @@ void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
 void IoEngine::acquire_inbound_writes() const { impl_->wait_round(); }
 
 void IoEngine::release_to_peers() { impl_->wait_round(); }
+
+void IoEngine::set_batch_end_callback(std::function<void()> callback) {
+  impl_->batch_ends.set(std::move(callback));
+}
 
 void IoEngine::set_peer_failure_callback(PeerFailureCallback callback) {
   impl_->failures.set_callback(std::move(callback));

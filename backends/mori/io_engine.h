@@ -49,9 +49,14 @@ struct IoEngineConfig {
   // shared-memory one has no address). Empty: the provider's choice.
   std::string host;
   // A transfer not done in this time fails (its operations are still
-  // accounted for when the provider returns them).
+  // accounted for when the provider returns them): option timeout_ms, else
+  // the engine's transfer timeout.
   std::chrono::milliseconds transfer_timeout{30'000};
 };
+
+// The configuration the `mori` transport's options (TransportOptions) ask
+// for; kInvalidArgument names an unknown key or a bad value.
+Result<IoEngineConfig> config_from(const TransportOptions& options);
 
 // What a peer needs to reach this engine: its key, a nonce that tags its
 // transfer ids, where it runs, and one fabric address per provider.
@@ -151,6 +156,9 @@ class IoEngine {
   // Called once per failed peer, on the progress thread, with no lock of
   // the engine held.
   void set_peer_failure_callback(PeerFailureCallback callback);
+  // Called on the progress thread, with no lock of the engine held, after
+  // transfers ended or failed (Transport::set_batch_end_callback).
+  void set_batch_end_callback(std::function<void()> callback);
 
   // Memory ordering against the bytes peers move (see Transport).
   void acquire_inbound_writes() const;

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "batch_end_signal.h"
 #include "drain_deadline.h"
 #include "fabric_endpoint.h"
 #include "io_engine.h"
@@ -120,6 +121,9 @@ struct IoEngine::Impl {
   // given up when stuck (give_up_if_stuck), and then ~Impl never runs.
   ProgressThread thread{"mori progress thread"};
   PeerFailures<std::string> failures{thread};
+  // Marked (mu held) as transfers end or fail, announced by the progress
+  // thread after each pass, holding no lock.
+  BatchEndSignal batch_ends;
 
   // Fixed once the engine runs; their provider objects are used on the
   // progress thread only (FI_THREAD_DOMAIN), with round_mu or no lock held.

@@ -54,7 +54,11 @@ bool peer_is_gone(int err) {
 
 void IoEngine::Impl::start_thread() {
   ProgressThread::Driver driver;
-  driver.progress = [this] { return progress(); };
+  driver.progress = [this] {
+    const bool active = progress();
+    batch_ends.announce();  // round_mu and mu released
+    return active;
+  };
   driver.busy = [this] { return busy(); };
   driver.sleep = [this](std::chrono::microseconds limit) { idle_wait(limit); };
   driver.wake = [this] { notify(); };
@@ -301,7 +305,10 @@ void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int 
   if (it == transfers.end()) return;
   Transfer& t = it->second;
   --t.with_provider;
-  if (t.status.state != TransferState::kInProgress) return;  // failed earlier; now accounted for
+  if (t.status.state != TransferState::kInProgress) {  // failed earlier; now accounted for
+    if (t.with_provider == 0) batch_ends.mark();       // and over
+    return;
+  }
   if (!error.is_ok()) {
     fail_transfer(t, error);
     if (peer_is_gone(err)) fail_peer_locked(t.peer, error);
@@ -316,11 +323,13 @@ void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int 
     return;
   }
   t.status.state = TransferState::kSuccess;
+  batch_ends.mark();
 }
 
 void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
   if (t.status.state != TransferState::kInProgress) return;
   t.status = {TransferState::kFailed, reason};
+  batch_ends.mark();  // its batch's other transfers are cancelled when it is polled
   t.held_signal.reset();
   t.drain = DrainDeadline(Clock::now(), kDrainQuiet, kDrainCap);
   t.cancel_due = t.with_provider > 0;

@@ -17,7 +17,10 @@
 namespace pdkv::backends::mori {
 namespace {
 
-constexpr std::string_view kOptions = "host=ADDR, provider=auto|shm|tcp;ofi_rxm|..., timeout_ms=MS";
+constexpr std::string_view kOptions =
+    "host=ADDR, transfer_timeout_ms=MS, provider=auto|shm|tcp;ofi_rxm|..., timeout_ms=MS";
+
+}  // namespace
 
 Result<IoEngineConfig> config_from(const TransportOptions& options) {
   static std::atomic<uint64_t> engines{0};
@@ -25,14 +28,20 @@ Result<IoEngineConfig> config_from(const TransportOptions& options) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   c.key = fmt::format("mori-{}-{}-{}", host, getpid(), engines++);
+  bool timeout_given = false;
   for (const auto& [key, value] : options) {
     if (key == "host") {
       c.host = value;
+    } else if (key == kTransferTimeoutOption) {
+      PDKV_ASSIGN_OR_RETURN(uint64_t ms,
+                            parse_option_number("mori", key, value, 1, kMaxTransferTimeoutMs));
+      if (!timeout_given) c.transfer_timeout = std::chrono::milliseconds(ms);
     } else if (key == "provider" && !value.empty()) {
       c.provider = value;
     } else if (key == "timeout_ms") {
       PDKV_ASSIGN_OR_RETURN(uint64_t ms, parse_option_number("mori", key, value, 10, 3'600'000));
       c.transfer_timeout = std::chrono::milliseconds(ms);
+      timeout_given = true;
     } else {
       return Status::invalid_argument(
           fmt::format("mori option '{}={}' unknown (options: {})", key, value, kOptions));
@@ -40,6 +49,8 @@ Result<IoEngineConfig> config_from(const TransportOptions& options) {
   }
   return c;
 }
+
+namespace {
 
 class MoriTransport final : public Transport {
  public:
@@ -76,6 +87,7 @@ class MoriTransport final : public Transport {
     TransportCapabilities caps;
     caps.reads = true;
     caps.fences_inbound = engine_->can_fence();
+    caps.batch_end_events = true;
     // One fi_writemsg and its completion per fragment: about 10 us on shm
     // and tcp at 512-byte fragments, 7 (shm) to 20 us (tcp) at page-sized
     // ones, where staging measured faster than direct writes at 1 -> 1
@@ -165,6 +177,11 @@ class MoriTransport final : public Transport {
   void acquire_remote_writes() override { engine_->acquire_inbound_writes(); }
   void release_to_peers() override { engine_->release_to_peers(); }
 
+  // A batch ends when its last transfer does: each transfer that ends is
+  // announced, and the caller's poll tells the rest.
+  void set_batch_end_callback(BatchEndCallback callback) override {
+    engine_->set_batch_end_callback(std::move(callback));
+  }
   void set_peer_failure_callback(PeerFailureCallback callback) override {
     std::lock_guard lock(mu_);
     on_failure_ = std::move(callback);

@@ -177,17 +177,21 @@ void NixlTransport::notified(BatchId id, ucs_status_t status) {
 }
 
 void NixlTransport::end_batch(BatchId id, BatchStatus status) {
-  std::lock_guard lock(mu_);
-  auto it = batches_.find(id);
-  if (it == batches_.end() || it->second.status.state != BatchState::kInProgress) return;
-  Batch& batch = it->second;
-  // A batch of a failed peer fails, for the peer's reason rather than UCX's
-  // echo of it, even when its flush completed while the endpoint drained:
-  // fail_peer ends the batches in flight as failed (transport.h).
-  if (auto failure = failures_.failure(batch.peer)) status = {BatchState::kFailed, *failure};
-  batch.status = std::move(status);
-  if (auto peer = peers_.find(batch.peer); peer != peers_.end()) peer->second.batches.erase(id);
-  --in_flight_;
+  {
+    std::lock_guard lock(mu_);
+    auto it = batches_.find(id);
+    if (it == batches_.end() || it->second.status.state != BatchState::kInProgress) return;
+    Batch& batch = it->second;
+    // A batch of a failed peer fails, for the peer's reason rather than UCX's
+    // echo of it, even when its flush completed while the endpoint drained:
+    // fail_peer ends the batches in flight as failed (transport.h).
+    if (auto failure = failures_.failure(batch.peer)) status = {BatchState::kFailed, *failure};
+    batch.status = std::move(status);
+    if (auto peer = peers_.find(batch.peer); peer != peers_.end()) peer->second.batches.erase(id);
+    --in_flight_;
+    batch_ends_.mark();
+  }
+  batch_ends_.announce();  // mu_ released: the caller may poll() from its callback
 }
 
 void NixlTransport::peer_failed(PeerId id, const Status& reason) {

@@ -80,11 +80,15 @@ Result<std::unique_ptr<Transport>> NixlTransport::create(const TransportOptions&
       path = value;
     } else if (key == "host") {
       t->host_ = value;
+    } else if (key == kTransferTimeoutOption) {
+      // No clock of its own ends a batch: the engine's does.
+      PDKV_RETURN_IF_ERROR(
+          parse_option_number("nixl", key, value, 1, kMaxTransferTimeoutMs).status());
     } else if (key == "tls") {
       t->tls_ = value;
     } else {
       return Status::invalid_argument(fmt::format(
-          "nixl option '{}={}' unknown (host=ADDR, tls=LIST as UCX_TLS, "
+          "nixl option '{}={}' unknown (host=ADDR, transfer_timeout_ms=MS, tls=LIST as UCX_TLS, "
           "error_handling=auto|peer|none, data_path=auto|put|message; the rest of UCX is "
           "configured through its UCX_* environment variables)",
           key, value));
@@ -147,6 +151,7 @@ Status NixlTransport::init() {
     caps_.cuda_memory = caps_.hip_memory = false;
   }
   caps_.notifications = true;
+  caps_.batch_end_events = true;  // end_batch announces
   caps_.fences_inbound = data_path_ == DataPath::kMessage;
   // A put straight into the peer's shared segment costs little beyond its
   // bytes (about 0.07 us at 512-byte fragments, docs/benchmarks.md); on the

@@ -64,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "batch_end_signal.h"
 #include "drain_deadline.h"
 #include "pdkv/transport.h"
 #include "progress_thread.h"
@@ -109,6 +110,9 @@ class NixlTransport final : public Transport {
   }
   BatchStatus poll(BatchId batch) override;
   std::vector<std::string> take_notifications() override;
+  void set_batch_end_callback(BatchEndCallback callback) override {
+    batch_ends_.set(std::move(callback));
+  }
   void set_peer_failure_callback(PeerFailureCallback callback) override;
   void fail_peer(PeerId peer, const Status& reason) override;
   // The receiver's fence, message path only (docs/backends.md): the
@@ -316,6 +320,7 @@ class NixlTransport final : public Transport {
 
   ProgressThread thread_{"nixl progress thread"};
   PeerFailures<PeerId> failures_{thread_};
+  BatchEndSignal batch_ends_;  // end_batch marks and announces
 
   mutable std::mutex mu_;
   std::vector<LocalRegion> regions_;

@@ -96,6 +96,9 @@ struct TransportCapabilities {
   bool reads = false;           // one-sided reads as well as writes
   bool notifications = false;   // write_and_notify / take_notifications
   bool fences_inbound = false;  // fence_inbound drops a lost source's late bytes
+  // set_batch_end_callback is called when batches end, so that the caller
+  // polls them then instead of on a timer.
+  bool batch_end_events = false;
   // What one more write costs beyond moving its bytes (posting it, its
   // completion, its framing), as the bytes one core copies in that time.
   // Staging::kAuto gathers a route when its writes would cost more than the
@@ -108,10 +111,19 @@ struct TransportCapabilities {
 };
 
 // Settings a backend understands (e.g. {"rails", "4"}); unknown keys are an
-// error. Every backend takes "host": the rank's address, on which its data
-// plane listens and from which it connects unless its own options say
-// otherwise (the engine passes EngineConfig::control_host).
+// error. Every backend takes two that the engine passes:
+//  - "host": the rank's address, on which its data plane listens and from
+//    which it connects unless its own options say otherwise
+//    (EngineConfig::control_host);
+//  - "transfer_timeout_ms" (kTransferTimeoutOption): the engine's transfer
+//    timeout (Timeouts::transfer). A backend that also ends batches by a
+//    clock of its own (mooncake's request timeout, mori's) runs that clock
+//    this long unless its own option says otherwise, so that the engine's
+//    setting, not a backend's default, decides how long a transfer may take.
 using TransportOptions = std::map<std::string, std::string>;
+inline constexpr const char* kTransferTimeoutOption = "transfer_timeout_ms";
+// Its range: up to 30 days, which a steady clock still adds without overflow.
+inline constexpr uint64_t kMaxTransferTimeoutMs = 30ull * 24 * 3600 * 1000;
 
 // A whole-number option value in [min, max], or kInvalidArgument naming the
 // backend, the key and the value.
@@ -186,6 +198,16 @@ class Transport {
   // it) once told so through another channel. Call before telling a peer
   // where it may write. As above, most backends do nothing.
   virtual void release_to_peers() {}
+
+  // Only with capabilities().batch_end_events: `callback` runs, on one of
+  // the transport's threads and with none of its locks held, soon after a
+  // batch ends (poll() would say kDone or kFailed), so that the caller polls
+  // then instead of on a timer. It says nothing of which batch, and may run
+  // when none ended. A batch that ends by time alone (a failed batch whose
+  // drain ran out, a timeout found by poll()) may go unannounced: the caller
+  // still polls, rarely. Set once, before the first write.
+  using BatchEndCallback = std::function<void()>;
+  virtual void set_batch_end_callback(BatchEndCallback callback) { (void)callback; }
 
   // Called once per peer that fails, whether the backend detected it or the
   // protocol layer reported it through fail_peer.

@@ -8,9 +8,14 @@ namespace pdkv::engine {
 void BatchTracker::add(BatchId batch, Ended ended) {
   batches_.emplace(batch, std::move(ended));
   backoff_ = kFirstPoll;
-  if (timer_ == 0) {
-    arm(std::chrono::microseconds(0));  // the next iteration: many complete at once
-  }
+  if (timer_ != 0) return;
+  // Announced ends need no poll now; otherwise the next iteration: many
+  // complete at once.
+  arm(events_ ? std::chrono::microseconds(kBackstopPoll) : std::chrono::microseconds(0));
+}
+
+void BatchTracker::on_batch_end_event() {
+  if (!batches_.empty()) poll_all();
 }
 
 void BatchTracker::arm(std::chrono::microseconds delay) {
@@ -34,7 +39,8 @@ void BatchTracker::poll_all() {
   // After the scan: a callback may post new batches.
   backoff_ = ended.empty() ? std::min(backoff_ * 2, kMaxPoll) : kFirstPoll;
   for (auto& [callback, status] : ended) callback(status);
-  if (!batches_.empty() && timer_ == 0) arm(backoff_);
+  if (batches_.empty() || timer_ != 0) return;
+  arm(events_ ? std::chrono::microseconds(kBackstopPoll) : backoff_);
 }
 
 }  // namespace pdkv::engine

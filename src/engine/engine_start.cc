@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <atomic>
 #include <random>
 
 #include "bootstrap/client.h"
@@ -151,9 +152,11 @@ Status EngineCore::set_up_memory(std::optional<EnginePools> pools) {
   const PoolSizes sizes = pool_sizes(config_, shard_, local_channels_);
   if (pools) PDKV_RETURN_IF_ERROR(check_pools(config_, shard_, sizes, *pools));
   // The data plane is on the rank's address too, unless its options say
-  // otherwise (transport option `host`, which every backend takes).
+  // otherwise (transport option `host`, which every backend takes), and its
+  // batches may take as long as the engine allows a transfer.
   TransportOptions options = config_.transport_options;
   options.try_emplace("host", config_.control_host);
+  options.try_emplace(kTransferTimeoutOption, std::to_string(config_.timeouts.transfer.count()));
   PDKV_ASSIGN_OR_RETURN(auto transport, create_transport(config_.backend, options));
   transport_ = inject_faults(std::move(transport), config_.faults);
   if (pools) {
@@ -277,6 +280,19 @@ void EngineCore::build_machinery() {
       [inbox = transport_inbox_, peers = peers_.get()](PeerId peer, const Status& reason) {
         inbox->post([peers, peer, reason] { peers->on_transport_failed(peer, reason); });
       });
+  // Batch ends, where the transport announces them, are polled at once. One
+  // poll waits on the loop at a time: announcements while it waits add
+  // nothing (it polls every batch), and one after it started posts another.
+  if (transport_->capabilities().batch_end_events) {
+    transport_->set_batch_end_callback([inbox = transport_inbox_, prefill = prefill_.get(),
+                                        queued = std::make_shared<std::atomic<bool>>(false)] {
+      if (queued->exchange(true)) return;
+      inbox->post([prefill, queued] {
+        queued->store(false);
+        prefill->on_batch_end_event();
+      });
+    });
+  }
   loop_.start();
   service_.open(this);
 }

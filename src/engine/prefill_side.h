@@ -61,6 +61,8 @@ class PrefillSide {
   // later one at once), so that the control server can stop.
   void give_up();
   size_t rooms() const { return rooms_.size(); }
+  // The transport announced that batches ended: they are polled now.
+  void on_batch_end_event() { batches_.on_batch_end_event(); }
 
  private:
   struct Destination {

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "pdkv/transport.h"
 #include "support/child_process.h"
@@ -190,6 +192,60 @@ TEST_P(Conformance, NotificationArrivesAfterTheBytes) {
   EXPECT_TRUE(
       std::equal(src_.begin(), src_.end(), received().begin()));  // visible before the notice
   EXPECT_EQ(wait(*sender_, *batch).state, BatchState::kDone);
+}
+
+// Batch ends are announced (Transport::set_batch_end_callback): polling
+// only after an announcement, the test sees every batch end. It fails when
+// a batch ends and nothing says so within 20 s.
+void await_announced_ends(Transport& t, const std::atomic<int>& announced,
+                          std::vector<BatchId> open, std::vector<BatchStatus>& ends) {
+  int seen = 0;
+  while (!open.empty()) {
+    ASSERT_TRUE(poll_until([&] { return announced.load() > seen; }, 20s))
+        << open.size() << " batches not announced as ended";
+    seen = announced.load();
+    std::erase_if(open, [&](BatchId b) {
+      const BatchStatus st = t.poll(b);
+      if (st.state == BatchState::kInProgress) return false;
+      ends.push_back(st);
+      return true;
+    });
+  }
+}
+
+TEST_P(Conformance, BatchEndsAreAnnounced) {
+  ASSERT_TRUE(sender_->capabilities().batch_end_events) << GetParam().name;
+  // Shared: the transport may call it back after the test's body is over.
+  auto announced = std::make_shared<std::atomic<int>>(0);
+  sender_->set_batch_end_callback([announced] { ++*announced; });
+  connect(8 << 20);
+  std::vector<BatchId> batches;
+  for (uint64_t i = 0; i < 8; ++i) {
+    const uint64_t len = (1 << 20) >> i;  // 1 MiB down to 8 KiB
+    batches.push_back(
+        sender_->write(peer_, std::vector<WriteOp>{{src_key_, i << 20, dst_key_, i << 20, len}})
+            .value());
+  }
+  std::vector<BatchStatus> ends;
+  await_announced_ends(*sender_, *announced, batches, ends);
+  ASSERT_EQ(ends.size(), batches.size());
+  for (const BatchStatus& st : ends) EXPECT_EQ(st.state, BatchState::kDone) << st.error.to_string();
+}
+
+TEST_P(Conformance, FailedBatchesAreAnnounced) {
+  // Shared: the transport may call it back after the test's body is over.
+  auto announced = std::make_shared<std::atomic<int>>(0);
+  sender_->set_batch_end_callback([announced] { ++*announced; });
+  connect(64 << 20);
+  std::vector<BatchId> batches;
+  for (int i = 0; i < 4; ++i) {
+    batches.push_back(
+        sender_->write(peer_, std::vector<WriteOp>{{src_key_, 0, dst_key_, 0, 64 << 20}}).value());
+  }
+  sender_->fail_peer(peer_, Status::unavailable("the test failed it"));
+  std::vector<BatchStatus> ends;
+  await_announced_ends(*sender_, *announced, batches, ends);
+  EXPECT_EQ(ends.size(), batches.size());  // done before the failure, or failed
 }
 
 // Memory the transport offers (Transport::allocate) comes zeroed, registers

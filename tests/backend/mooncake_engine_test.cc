@@ -85,6 +85,22 @@ TEST(MooncakeEngine, RequestsOutsideRegisteredMemoryAreRefusedWhole) {
   EXPECT_EQ(initiator->submit_transfer(batch, local).code(), StatusCode::kOutOfRange);
 }
 
+// The engine's transfer timeout (transport option transfer_timeout_ms) is
+// how long a request may take, unless the backend's own request_timeout_ms
+// says otherwise, whichever comes first in the options.
+TEST(MooncakeOptions, TheRequestTimeoutIsTheEnginesTransferTimeoutUnlessSet) {
+  EXPECT_EQ(config_from({}).value().request_timeout, 30s);
+  EXPECT_EQ(config_from({{"transfer_timeout_ms", "123000"}}).value().request_timeout, 123s);
+  EXPECT_EQ(config_from({{"transfer_timeout_ms", "123000"}, {"request_timeout_ms", "300"}})
+                .value()
+                .request_timeout,
+            300ms);
+  const auto zero = config_from({{"transfer_timeout_ms", "0"}});
+  ASSERT_FALSE(zero.is_ok());
+  EXPECT_NE(zero.status().message().find("transfer_timeout_ms"), std::string::npos)
+      << zero.status().to_string();
+}
+
 // A target that accepts connections and never answers: requests stay
 // pending, then end as timeout at request_timeout (reported once the rail
 // that owes the slice gave up on it, within the drain of half a second).
@@ -124,7 +140,7 @@ TEST(MooncakeEngine, ARequestNotCompletedInTimeEndsAsTimeout) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
   const TransferStatus st = initiator->get_transfer_status(batch, 0).value();
   EXPECT_EQ(st.state, TransferState::kTimeout);
-  EXPECT_NE(st.error.message().find("request_timeout_ms=300"), std::string::npos)
+  EXPECT_NE(st.error.message().find("within 300 ms (request_timeout_ms"), std::string::npos)
       << st.error.to_string();
   ::close(silent);
 }

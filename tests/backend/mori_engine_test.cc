@@ -238,6 +238,22 @@ TEST(MoriEngineShm, OpensOverARegionAKilledProcessOfItsPidLeft) {
   for (const std::string& f : stale) std::filesystem::remove(f);
 }
 
+// The engine's transfer timeout (transport option transfer_timeout_ms) is
+// how long a transfer may take, unless the backend's own timeout_ms says
+// otherwise, whichever comes first in the options.
+TEST(MoriOptions, TheTransferTimeoutIsTheEnginesUnlessSet) {
+  EXPECT_EQ(config_from({}).value().transfer_timeout, 30s);
+  EXPECT_EQ(config_from({{"transfer_timeout_ms", "123000"}}).value().transfer_timeout, 123s);
+  EXPECT_EQ(config_from({{"transfer_timeout_ms", "123000"}, {"timeout_ms", "300"}})
+                .value()
+                .transfer_timeout,
+            300ms);
+  const auto zero = config_from({{"transfer_timeout_ms", "0"}});
+  ASSERT_FALSE(zero.is_ok());
+  EXPECT_NE(zero.status().message().find("transfer_timeout_ms"), std::string::npos)
+      << zero.status().to_string();
+}
+
 TEST(MoriEngineAuto, BrokenDescriptorsAreRefusedNotCrashes) {
   auto e = IoEngine::create(config("e", "auto")).value();
   std::vector<char> buffer(4096);

@@ -9,6 +9,10 @@
 // Option {"stall", "1"} injects a fault: writes are accepted but their
 // batches never complete, as with a hung NIC (for transfer-timeout tests).
 //
+// It announces each batch's end (batch_end_events) from write(), once its
+// locks are released, and from fail_peer() for stalled ones; {"poll_only",
+// "1"} turns that off, so that the engine polls on its timer.
+//
 // Options that call the peer-failure callback as real backends may (for a
 // peer id no one connected, 0xdead), to prove the engine takes them at any
 // time on any thread:
@@ -36,6 +40,7 @@
 
 #include "support/loopback_transport.h"
 
+#include "batch_end_signal.h"
 #include "pdkv/transport.h"
 
 namespace pdkv::testing {
@@ -54,6 +59,7 @@ struct LoopbackOptions {
   bool callback_in_connect = false;
   bool callback_in_write = false;
   bool callback_storm = false;
+  bool poll_only = false;
   std::optional<uint64_t> write_overhead_bytes;
   std::optional<uint64_t> write_overhead_bytes_from;
 };
@@ -85,6 +91,7 @@ class LoopbackTransport final : public Transport {
   std::string_view name() const override { return "loopback"; }
   TransportCapabilities capabilities() const override {
     TransportCapabilities caps;
+    caps.batch_end_events = !options_.poll_only;
     if (options_.write_overhead_bytes) caps.write_overhead_bytes = *options_.write_overhead_bytes;
     return caps;
   }
@@ -133,6 +140,60 @@ class LoopbackTransport final : public Transport {
 
   Result<BatchId> write(PeerId peer_id, std::span<const WriteOp> ops) override {
     if (options_.callback_in_write) call_back(kStrangerPeer, Status::unavailable("inline"));
+    Result<BatchId> batch = copy(peer_id, ops);
+    if (batch.is_ok() && !stall_) {
+      batch_ends_.mark();
+      batch_ends_.announce();  // done already; the locks are released
+    }
+    return batch;
+  }
+
+  BatchStatus poll(BatchId batch) override {
+    std::lock_guard lock(mu_);
+    auto it = batches_.find(batch);
+    if (it == batches_.end()) {
+      return {BatchState::kFailed, Status::not_found(fmt::format("no loopback batch {}", batch))};
+    }
+    BatchStatus status = it->second.status;
+    if (status.state != BatchState::kInProgress) batches_.erase(it);
+    return status;
+  }
+
+  // Copies happen under g_mu: taking it orders every completed copy first.
+  void acquire_remote_writes() override { std::lock_guard lock(g_mu); }
+  void release_to_peers() override { std::lock_guard lock(g_mu); }
+
+  void set_batch_end_callback(BatchEndCallback callback) override {
+    batch_ends_.set(std::move(callback));
+  }
+  void set_peer_failure_callback(PeerFailureCallback callback) override {
+    std::lock_guard lock(mu_);
+    callback_ = std::move(callback);
+  }
+
+  void fail_peer(PeerId peer_id, const Status& reason) override {
+    PeerFailureCallback callback;
+    {
+      std::lock_guard lock(mu_);
+      auto peer = peers_.find(peer_id);
+      if (peer == peers_.end() || !peer->second.failure.is_ok()) return;
+      peer->second.failure = reason.is_ok() ? Status::unavailable("peer failed") : reason;
+      // Its batches in flight (stalled ones) end as failed.
+      for (auto& [id, batch] : batches_) {
+        if (batch.peer == peer_id && batch.status.state == BatchState::kInProgress) {
+          batch.status = BatchStatus{BatchState::kFailed, peer->second.failure};
+          batch_ends_.mark();
+        }
+      }
+      callback = callback_;
+    }
+    batch_ends_.announce();
+    if (callback) callback(peer_id, reason);
+  }
+
+ private:
+  // write(): checks every op, then copies them all, under the locks.
+  Result<BatchId> copy(PeerId peer_id, std::span<const WriteOp> ops) {
     std::lock_guard global(g_mu);
     std::unique_lock lock(mu_);
     auto peer = peers_.find(peer_id);
@@ -162,45 +223,6 @@ class LoopbackTransport final : public Transport {
     return id;
   }
 
-  BatchStatus poll(BatchId batch) override {
-    std::lock_guard lock(mu_);
-    auto it = batches_.find(batch);
-    if (it == batches_.end()) {
-      return {BatchState::kFailed, Status::not_found(fmt::format("no loopback batch {}", batch))};
-    }
-    BatchStatus status = it->second.status;
-    if (status.state != BatchState::kInProgress) batches_.erase(it);
-    return status;
-  }
-
-  // Copies happen under g_mu: taking it orders every completed copy first.
-  void acquire_remote_writes() override { std::lock_guard lock(g_mu); }
-  void release_to_peers() override { std::lock_guard lock(g_mu); }
-
-  void set_peer_failure_callback(PeerFailureCallback callback) override {
-    std::lock_guard lock(mu_);
-    callback_ = std::move(callback);
-  }
-
-  void fail_peer(PeerId peer_id, const Status& reason) override {
-    PeerFailureCallback callback;
-    {
-      std::lock_guard lock(mu_);
-      auto peer = peers_.find(peer_id);
-      if (peer == peers_.end() || !peer->second.failure.is_ok()) return;
-      peer->second.failure = reason.is_ok() ? Status::unavailable("peer failed") : reason;
-      // Its batches in flight (stalled ones) end as failed.
-      for (auto& [id, batch] : batches_) {
-        if (batch.peer == peer_id && batch.status.state == BatchState::kInProgress) {
-          batch.status = BatchStatus{BatchState::kFailed, peer->second.failure};
-        }
-      }
-      callback = callback_;
-    }
-    if (callback) callback(peer_id, reason);
-  }
-
- private:
   struct Peer {
     uint64_t remote_id;
     Status failure;
@@ -245,6 +267,7 @@ class LoopbackTransport final : public Transport {
   PeerId next_peer_ = 1;
   BatchId next_batch_ = 1;
   PeerFailureCallback callback_;
+  BatchEndSignal batch_ends_;
 };
 
 Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options) {
@@ -252,9 +275,12 @@ Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options
   const std::map<std::string, bool*> flags = {{"stall", &o.stall},
                                               {"callback_in_connect", &o.callback_in_connect},
                                               {"callback_in_write", &o.callback_in_write},
-                                              {"callback_storm", &o.callback_storm}};
+                                              {"callback_storm", &o.callback_storm},
+                                              {"poll_only", &o.poll_only}};
   for (const auto& [key, value] : options) {
-    if (key == "host") continue;  // every transport takes the rank's address; one process has none
+    // Every transport takes these: the rank's address (one process has none)
+    // and the engine's transfer timeout (no batch here ends by a clock).
+    if (key == "host" || key == kTransferTimeoutOption) continue;
     if (key == "write_overhead_bytes" || key == "write_overhead_bytes_from") {
       auto& field =
           key == "write_overhead_bytes" ? o.write_overhead_bytes : o.write_overhead_bytes_from;
@@ -266,7 +292,8 @@ Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options
     if (flag == flags.end() || (value != "0" && value != "1")) {
       return Status::invalid_argument(fmt::format(
           "loopback option '{}={}' unknown (stall, callback_in_connect, callback_in_write, "
-          "callback_storm; each 0 or 1; write_overhead_bytes=N, write_overhead_bytes_from=N)",
+          "callback_storm, poll_only; each 0 or 1; write_overhead_bytes=N, "
+          "write_overhead_bytes_from=N)",
           key, value));
     }
     *flag->second = value == "1";
