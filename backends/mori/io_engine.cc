@@ -386,7 +386,6 @@ void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
     std::lock_guard lock(impl_->mu);
     impl_->fail_peer_locked(engine_key, reason);
   }
-  impl_->notify();  // the progress thread announces the batches that failed
   (void)impl_->give_up_if_stuck();
 }
 

@@ -9,32 +9,27 @@
 #include <atomic>
 #include <future>
 
+#include "support/stub_transport.h"
+
 namespace pdkv::engine {
 namespace {
 
 using namespace std::chrono_literals;
 
-class ScriptedTransport final : public Transport {
+class ScriptedTransport final : public testing::StubTransport {
  public:
   explicit ScriptedTransport(bool events) : events_(events) {}
 
-  std::string_view name() const override { return "scripted"; }
   TransportCapabilities capabilities() const override {
     TransportCapabilities caps;
     caps.batch_end_events = events_;
     return caps;
   }
-  Result<RegionKey> register_region(const MemoryRegion&) override { return RegionKey{0}; }
-  std::string descriptor() const override { return {}; }
-  Result<PeerId> connect(std::string_view) override { return PeerId{1}; }
-  Result<BatchId> write(PeerId, std::span<const WriteOp>) override { return BatchId{1}; }
   BatchStatus poll(BatchId) override {
     ++polls;
     return {ended ? BatchState::kDone : BatchState::kInProgress, {}};
   }
   void set_batch_end_callback(BatchEndCallback callback) override { callback_ = callback; }
-  void set_peer_failure_callback(PeerFailureCallback) override {}
-  void fail_peer(PeerId, const Status&) override {}
 
   // Ends the batch; `announce`: and says so, as a transport with events does.
   void end(bool announce) {

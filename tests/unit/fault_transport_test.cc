@@ -6,6 +6,7 @@
 
 #include "pdkv/faults.h"
 #include "support/poll.h"
+#include "support/stub_transport.h"
 
 namespace pdkv {
 namespace {
@@ -132,21 +133,13 @@ TEST(FaultInjection, RefusedConnectAndTheSameFatesForTheSameSeed) {
 // The decorator passes the receiver's fence on: it claims the real
 // transport's capabilities, fences_inbound among them.
 TEST(FaultInjection, PassesTheReceiversFenceOn) {
-  struct Fenced final : Transport {
+  struct Fenced final : testing::StubTransport {
     std::vector<std::string> fenced;
-    std::string_view name() const override { return "fenced"; }
     TransportCapabilities capabilities() const override {
       TransportCapabilities c;
       c.fences_inbound = true;
       return c;
     }
-    Result<RegionKey> register_region(const MemoryRegion&) override { return RegionKey{0}; }
-    std::string descriptor() const override { return "me"; }
-    Result<PeerId> connect(std::string_view) override { return PeerId{1}; }
-    Result<BatchId> write(PeerId, std::span<const WriteOp>) override { return BatchId{1}; }
-    BatchStatus poll(BatchId) override { return {BatchState::kDone, Status::ok()}; }
-    void set_peer_failure_callback(PeerFailureCallback) override {}
-    void fail_peer(PeerId, const Status&) override {}
     void fence_inbound(std::string_view source, std::optional<uint64_t> connection) override {
       fenced.emplace_back(fmt::format("{} {}", source, connection.value_or(0)));
     }
