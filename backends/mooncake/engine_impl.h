@@ -117,7 +117,10 @@ class Rail final : public EventLoop::Handler {
 // An open segment: where its requests go and how.
 class Peer {
  public:
-  Peer(TransferEngine::Impl& core, SegmentHandle handle, SegmentDescriptor desc, LoopContext& loop);
+  // `mapped`: the peer's shared buffers, mapped by the caller of
+  // open_segment (empty off the same-host path).
+  Peer(TransferEngine::Impl& core, SegmentHandle handle, SegmentDescriptor desc, LoopContext& loop,
+       PeerMappings mapped);
   ~Peer();
 
   TransferEngine::Impl& core() { return core_; }

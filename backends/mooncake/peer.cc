@@ -43,8 +43,12 @@ class Peer::ExitWatch final : public EventLoop::Handler {
 };
 
 Peer::Peer(TransferEngine::Impl& core, SegmentHandle handle, SegmentDescriptor desc,
-           LoopContext& loop)
-    : core_(core), handle_(handle), desc_(std::move(desc)), loop_(loop) {
+           LoopContext& loop, PeerMappings mapped)
+    : core_(core),
+      handle_(handle),
+      desc_(std::move(desc)),
+      loop_(loop),
+      mapped_(std::move(mapped)) {
   const auto& bind = core_.bind_addresses;
   const size_t count =
       core_.config.rails > 0 ? core_.config.rails : std::max<size_t>(2, desc_.rails.size());
@@ -68,14 +72,6 @@ void Peer::start(bool same_host, int pidfd) {
   if (pidfd_ >= 0) {
     exit_watch_ = std::make_unique<ExitWatch>(*this);
     loop_.loop.add(pidfd_, EPOLLIN, exit_watch_.get());
-  }
-  if (same_host_ && pidfd_ >= 0) {
-    const Status mapped = mapped_.map(pidfd_, desc_.buffers);
-    if (!mapped.is_ok()) {
-      logger("mooncake")
-          ->info("segment {}: a shared buffer is not mapped ({}); the kernel copies into it",
-                 desc_.name, mapped.message());
-    }
   }
   if (!same_host_) {
     for (auto& rail : rails_) rail->connect();  // early, so that the first request finds them up

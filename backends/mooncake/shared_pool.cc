@@ -92,7 +92,7 @@ Status PeerMappings::map(int pidfd, std::span<const SegmentDescriptor::Buffer> b
     } else {
       why = check_sealed(fd, b.length);
       if (why.empty()) {
-        local = ::mmap(nullptr, b.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        local = ::mmap(nullptr, b.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (local == MAP_FAILED) why = "mmap: " + errno_text();
       }
       ::close(fd);  // the mapping keeps the memory

@@ -51,11 +51,16 @@ class PeerMappings {
   PeerMappings() = default;
   PeerMappings(const PeerMappings&) = delete;
   PeerMappings& operator=(const PeerMappings&) = delete;
+  PeerMappings(PeerMappings&&) = default;  // the moved-from one maps nothing
   ~PeerMappings();
 
   // Maps every buffer of `buffers` that names a memfd, taken through the
-  // peer's `pidfd`. A buffer that cannot be mapped is left to the kernel's
-  // copy; the first reason is returned for the log.
+  // peer's `pidfd`, with its page tables filled in now (MAP_POPULATE): a
+  // first write that faults on every 4 KiB page took a cold 4 GiB request
+  // 16 s here instead of 0.8 s (docs/benchmarks.md), so this takes a while
+  // for gigabytes of pools and belongs on no event loop. A buffer that cannot
+  // be mapped is left to the kernel's copy; the first reason is returned for
+  // the log.
   Status map(int pidfd, std::span<const SegmentDescriptor::Buffer> buffers);
   // Where [remote, remote + length) of the peer lies in this process, or
   // nullptr when no mapping holds all of it.

@@ -315,13 +315,24 @@ Result<SegmentHandle> TransferEngine::open_segment(std::string_view descriptor) 
                  path.message());
     }
   }
+  // Mapped here, on the caller's thread, not on the I/O loop: populating the
+  // page tables of gigabytes of pools takes a while (shared_pool.h).
+  PeerMappings mapped;
+  if (same_host && pidfd >= 0) {
+    const Status status = mapped.map(pidfd, desc.buffers);
+    if (!status.is_ok()) {
+      logger("mooncake")
+          ->info("segment {}: a shared buffer is not mapped ({}); the kernel copies into it",
+                 desc.name, status.message());
+    }
+  }
   LoopContext& loop = impl_->pick_loop();
   Peer* peer;
   SegmentHandle handle;
   {
     std::lock_guard lock(impl_->mu);
     handle = impl_->next_segment++;
-    auto owned = std::make_unique<Peer>(*impl_, handle, std::move(desc), loop);
+    auto owned = std::make_unique<Peer>(*impl_, handle, std::move(desc), loop, std::move(mapped));
     peer = owned.get();
     impl_->peers.emplace(handle, std::move(owned));
   }

@@ -58,10 +58,9 @@ void EventLoop::cancel(TimerId id) {
   if (id != 0) timers_.erase(id);  // its heap entry is skipped when it comes up
 }
 
-std::vector<EventLoop::Task> EventLoop::take_due_timers() {
+std::vector<EventLoop::Task> EventLoop::take_due_timers(Clock::time_point by) {
   std::vector<Task> due;
-  const Clock::time_point now = Clock::now();
-  while (!heap_.empty() && heap_.top().when <= now) {
+  while (!heap_.empty() && heap_.top().when <= by) {
     auto it = timers_.find(heap_.top().id);
     heap_.pop();
     if (it == timers_.end()) continue;  // cancelled
@@ -74,15 +73,12 @@ std::vector<EventLoop::Task> EventLoop::take_due_timers() {
 void EventLoop::run() {
   std::deque<Task> batch;
   while (true) {
-    for (Task& timer : take_due_timers()) {
-      timers_fired_.fetch_add(1, std::memory_order_relaxed);
-      timer();
-    }
+    Clock::time_point woke;
     {
       std::unique_lock lock(mu_);
       // Skip cancelled timers at the top so that the wait is for a live one.
       while (!heap_.empty() && !timers_.count(heap_.top().id)) heap_.pop();
-      if (queue_.empty()) {
+      if (queue_.empty() && (heap_.empty() || heap_.top().when > Clock::now())) {
         if (stopping_) {
           stopped_ = true;
           return;
@@ -93,14 +89,24 @@ void EventLoop::run() {
           wake_.wait_until(lock, heap_.top().when, [&] { return stopping_ || !queue_.empty(); });
         }
       }
+      woke = Clock::now();
       batch.swap(queue_);
     }
+    // What was posted by now runs before the timers due by now: an event
+    // that arrived before a deadline (a stream that came up, a reply) beats
+    // the deadline's timer even when a long task kept the loop busy past it.
+    // Timers that come due while the batch runs wait for the next round, after
+    // what the batch's time let others post.
     for (Task& task : batch) {
       tasks_run_.fetch_add(1, std::memory_order_relaxed);
       task();
       task = nullptr;  // what it captured goes now, not with the next batch
     }
     batch.clear();
+    for (Task& timer : take_due_timers(woke)) {
+      timers_fired_.fetch_add(1, std::memory_order_relaxed);
+      timer();
+    }
   }
 }
 

@@ -7,7 +7,9 @@
 // time of a push and never runs anything under it. Timeouts are timers in a
 // heap: the thread sleeps until the nearest one or the next post, and the
 // work of an iteration is the tasks and timers that are due, however many
-// rooms are open.
+// rooms are open. Tasks posted before a timer's turn run before it, so that
+// an event that arrived in time wins over its deadline however long the
+// loop was busy.
 //
 // Thread-safety: post(), stop(), on_loop_thread() and the counters from any
 // thread; at(), after() and cancel() on the loop's thread only.
@@ -68,8 +70,8 @@ class EventLoop {
     bool operator>(const Due& other) const { return when > other.when; }
   };
   void run();
-  // Loop thread: the timers due by now, removed from the heap.
-  std::vector<Task> take_due_timers();
+  // Loop thread: the timers due by `by`, removed from the heap.
+  std::vector<Task> take_due_timers(Clock::time_point by);
 
   const std::string name_;
   std::thread thread_;

@@ -6,6 +6,8 @@
 
 #include <future>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace pdkv::engine {
@@ -60,6 +62,29 @@ TEST(EventLoop, TimersFireInTimeOrderAndCancelledOnesNever) {
   last.get_future().wait();
   EXPECT_EQ(fired, (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(loop.timers_fired(), 4u);
+}
+
+// A control link's connect timer against the stream that came up: when a
+// long task (a gather of gigabytes) keeps the loop busy past the deadline,
+// the event posted while it ran still comes first.
+TEST(EventLoop, TasksPostedBeforeADeadlineRunBeforeItsTimer) {
+  EventLoop loop("test-loop");
+  loop.start();
+  std::vector<std::string> order;
+  std::promise<void> timer_ran;
+  on_loop(loop, [&] {
+    const auto deadline = Clock::now() + 1ms;
+    loop.at(deadline, [&] {
+      order.push_back("deadline");
+      timer_ran.set_value();
+    });
+    std::thread([&] { loop.post([&] { order.push_back("event"); }); }).join();
+    while (Clock::now() <= deadline) {
+    }  // busy past the deadline, as a long copy would be
+  });
+  timer_ran.get_future().wait();
+  on_loop(loop, [] {});
+  EXPECT_EQ(order, (std::vector<std::string>{"event", "deadline"}));
 }
 
 TEST(EventLoop, StopRunsWhatWasPostedThenDropsLaterPosts) {
