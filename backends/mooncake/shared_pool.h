@@ -55,10 +55,10 @@ class PeerMappings {
   ~PeerMappings();
 
   // Maps every buffer of `buffers` that names a memfd, taken through the
-  // peer's `pidfd`, with its page tables filled in now (MAP_POPULATE): a
-  // first write that faults on every 4 KiB page took a cold 4 GiB request
-  // 16 s here instead of 0.8 s (docs/benchmarks.md), so this takes a while
-  // for gigabytes of pools and belongs on no event loop. A buffer that cannot
+  // peer's `pidfd`, with its page tables filled in now (MAP_POPULATE): with
+  // a fault on every 4 KiB page at the first write, a cold 4 GiB request
+  // took 16-19 s on this VM instead of 9 (docs/benchmarks.md). Filling the
+  // tables of gigabytes of pools takes a while: call it on no event loop. A buffer that cannot
   // be mapped is left to the kernel's copy; the first reason is returned for
   // the log.
   Status map(int pidfd, std::span<const SegmentDescriptor::Buffer> buffers);

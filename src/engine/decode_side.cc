@@ -186,18 +186,18 @@ void DecodeSide::on_room_status(const proto::RoomStatus& status, AnswerPtr answe
                               fmt::format("{} failed room {}: {}", describe(source.rank), id,
                                           status.reason())));
   }
+  // The report is taken: the source hears so before the scatter below, a
+  // copy of gigabytes for a long request that must not run out the
+  // source's call (a 32k request's reply waited 20 s on it here).
+  answer->send(Status::ok());
   // The report says the source's bytes are here (staged or in place): make
   // them visible to this thread and, through the room's state, to the caller.
   ctx_.transport.acquire_remote_writes();
   if (source.slot && room->metadata) {
     const Status scattered = scatter_staged(*room, source);
-    if (!scattered.is_ok()) {
-      answer->send(Status::ok());
-      return fail(*room, scattered);
-    }
+    if (!scattered.is_ok()) return fail(*room, scattered);
   }
   source.succeeded = true;
-  answer->send(Status::ok());
   step(*room);
 }
 

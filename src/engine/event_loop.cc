@@ -76,13 +76,15 @@ void EventLoop::run() {
     Clock::time_point woke;
     {
       std::unique_lock lock(mu_);
+      // Stopping ends the thread once the queue is empty, whatever timers
+      // are due (the last round fired those that were due before it).
+      if (stopping_ && queue_.empty()) {
+        stopped_ = true;
+        return;
+      }
       // Skip cancelled timers at the top so that the wait is for a live one.
       while (!heap_.empty() && !timers_.count(heap_.top().id)) heap_.pop();
       if (queue_.empty() && (heap_.empty() || heap_.top().when > Clock::now())) {
-        if (stopping_) {
-          stopped_ = true;
-          return;
-        }
         if (heap_.empty()) {
           wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
         } else {
