@@ -127,6 +127,10 @@ class Peer {
   LoopContext& loop() { return loop_; }
   SegmentHandle handle() const { return handle_; }
   const SegmentDescriptor& descriptor() const { return desc_; }
+  // The peer's buffer holding [addr, addr + length), or nullptr; any thread.
+  const SegmentDescriptor::Buffer* find_buffer(uint64_t addr, uint64_t length) const {
+    return buffer_index_.find(addr, length);
+  }
 
   // Loop thread only, from here on.
   void start(bool same_host, int pidfd);
@@ -161,6 +165,7 @@ class Peer {
   TransferEngine::Impl& core_;
   const SegmentHandle handle_;
   const SegmentDescriptor desc_;
+  const BufferIndex buffer_index_;  // of desc_.buffers
   LoopContext& loop_;
   std::vector<std::unique_ptr<Rail>> rails_;
   std::optional<Clock::time_point> last_reconnect_;
@@ -277,7 +282,8 @@ struct TransferEngine::Impl {
   std::atomic<size_t> next_loop{0};
 
   mutable std::shared_mutex buffers_mu;
-  std::vector<SegmentDescriptor::Buffer> buffers;  // registered local memory
+  std::vector<SegmentDescriptor::Buffer> buffers;  // registered local memory, in order
+  BufferIndex buffer_index;                        // of `buffers`, for local_contains()
   SharedPools shared_pools;                        // allocate_shared()
 
   // Loop threads count; any thread reads (same_host_bytes()).
@@ -288,6 +294,20 @@ struct TransferEngine::Impl {
   std::map<SegmentHandle, std::unique_ptr<Peer>> peers;
   std::map<SegmentHandle, Status> failed_segments;
   std::vector<std::string> notifications;  // received, not yet taken
+  // Completed slices kept for the next submission: a 2 -> 4 request is
+  // 65,536 slices, made on the caller's thread and ended on a loop thread,
+  // and malloc's cross-thread frees cost more than the copies they carry.
+  Slices spare_slices;
+  static constexpr size_t kMaxSpareSlices = 1 << 16;
+  // A spare slice, or a new one; mu held. A spare one still holds its last
+  // use: the caller assigns the whole of it.
+  SlicePtr new_slice();
+  // submit_transfer's halves, mu held: the segment of each request, or why
+  // the submission is refused whole; then the slices for each segment.
+  Result<std::vector<Peer*>> check_requests(std::span<const TransferRequest> requests) const;
+  std::map<Peer*, Slices> slice_requests(BatchId batch_id, Batch& batch,
+                                         std::span<const TransferRequest> requests,
+                                         std::span<Peer* const> targets);
   FailureCallback on_failure;
   // Marked under mu as batches end or fail; announced by the loop thread
   // that did it once mu is released (complete, fail, fail_request).

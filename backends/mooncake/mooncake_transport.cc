@@ -194,6 +194,7 @@ class MooncakeTransport final : public Transport {
     PDKV_ASSIGN_OR_RETURN(auto remote, engine_->segment_buffers(peer));
     std::vector<uint64_t> local_lengths, remote_lengths;
     std::vector<TransferRequest> requests;
+    requests.reserve(ops.size());
     {
       std::lock_guard lock(mu_);
       for (const auto& r : regions_) local_lengths.push_back(r.length);

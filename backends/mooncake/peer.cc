@@ -47,6 +47,7 @@ Peer::Peer(TransferEngine::Impl& core, SegmentHandle handle, SegmentDescriptor d
     : core_(core),
       handle_(handle),
       desc_(std::move(desc)),
+      buffer_index_(desc_.buffers),
       loop_(loop),
       mapped_(std::move(mapped)) {
   const auto& bind = core_.bind_addresses;

@@ -6,6 +6,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <charconv>
 #include <climits>
 #include <fstream>
@@ -98,6 +99,25 @@ const SegmentDescriptor::Buffer* find_buffer(std::span<const SegmentDescriptor::
     }
   }
   return nullptr;
+}
+
+BufferIndex::BufferIndex(std::span<const SegmentDescriptor::Buffer> buffers)
+    : by_base_(buffers.begin(), buffers.end()) {
+  std::stable_sort(by_base_.begin(), by_base_.end(),
+                   [](const auto& a, const auto& b) { return a.base < b.base; });
+}
+
+const SegmentDescriptor::Buffer* BufferIndex::find(uint64_t addr, uint64_t length) const {
+  // The buffer with the greatest base at or below `addr` first; only a miss
+  // looks at them all, so that buffers that overlap still find their bytes.
+  auto after = std::upper_bound(
+      by_base_.begin(), by_base_.end(), addr,
+      [](uint64_t address, const SegmentDescriptor::Buffer& b) { return address < b.base; });
+  if (after != by_base_.begin()) {
+    const auto* b = find_buffer({&*std::prev(after), 1}, addr, length);
+    if (b != nullptr) return b;
+  }
+  return find_buffer(by_base_, addr, length);
 }
 
 uint64_t process_start_time(pid_t pid) {

@@ -103,7 +103,7 @@ TransferEngine::Impl::~Impl() {
 
 bool TransferEngine::Impl::local_contains(uint64_t addr, uint64_t length) const {
   std::shared_lock lock(buffers_mu);
-  return find_buffer(buffers, addr, length) != nullptr;
+  return buffer_index.find(addr, length) != nullptr;
 }
 
 bool TransferEngine::Impl::Batch::advance(size_t index, TransferState to, Status error) {
@@ -128,6 +128,13 @@ void TransferEngine::Impl::mark_pending(const Slices& slices) {
   }
 }
 
+SlicePtr TransferEngine::Impl::new_slice() {
+  if (spare_slices.empty()) return std::make_unique<Slice>();
+  SlicePtr s = std::move(spare_slices.back());
+  spare_slices.pop_back();
+  return s;
+}
+
 void TransferEngine::Impl::complete(Slices& slices) {
   std::vector<std::pair<Peer*, SlicePtr>> released;
   {
@@ -145,6 +152,10 @@ void TransferEngine::Impl::complete(Slices& slices) {
         release_notification(b->second, released);
         if (b->second.announcing()) batch_ends.mark();
       }
+    }
+    for (auto& s : slices) {
+      if (spare_slices.size() == kMaxSpareSlices) break;
+      spare_slices.push_back(std::move(s));
     }
   }
   slices.clear();
@@ -262,6 +273,7 @@ Status TransferEngine::register_local_memory(void* addr, uint64_t length) {
   const auto base = reinterpret_cast<uint64_t>(addr);
   std::unique_lock lock(impl_->buffers_mu);
   impl_->buffers.push_back({base, length, impl_->shared_pools.memfd_of(base, length).value_or(-1)});
+  impl_->buffer_index = BufferIndex(impl_->buffers);
   return Status::ok();
 }
 
@@ -378,9 +390,83 @@ Result<BatchId> TransferEngine::allocate_batch_id(size_t batch_size) {
   return id;
 }
 
+Result<std::vector<Peer*>> TransferEngine::Impl::check_requests(
+    std::span<const TransferRequest> requests) const {
+  // A batch's requests mostly go to one segment: each run of them looks it up once.
+  std::vector<Peer*> targets(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const TransferRequest& r = requests[i];
+    if (r.opcode != Opcode::kWrite && r.opcode != Opcode::kRead) {
+      return Status::invalid_argument(
+          fmt::format("request {}: opcode {} is not write or read (notifications: "
+                      "submit_notification)",
+                      i, static_cast<int>(r.opcode)));
+    }
+    if (i > 0 && r.target == requests[i - 1].target) {
+      targets[i] = targets[i - 1];
+    } else {
+      auto peer = peers.find(r.target);
+      if (peer == peers.end()) {
+        return Status::not_found(fmt::format("request {}: no open segment {}", i, r.target));
+      }
+      if (auto f = failed_segments.find(r.target); f != failed_segments.end()) return f->second;
+      targets[i] = peer->second.get();
+    }
+    if (!local_contains(reinterpret_cast<uint64_t>(r.source), r.length)) {
+      return Status::out_of_range(
+          fmt::format("request {}: local bytes [{}, +{}) are not registered", i,
+                      static_cast<const void*>(r.source), r.length));
+    }
+    if (targets[i]->find_buffer(r.target_offset, r.length) == nullptr) {
+      return Status::out_of_range(
+          fmt::format("request {}: target bytes [{:#x}, +{}) outside segment {}'s buffers", i,
+                      r.target_offset, r.length, targets[i]->descriptor().name));
+    }
+  }
+  return targets;
+}
+
+std::map<Peer*, Slices> TransferEngine::Impl::slice_requests(
+    BatchId batch_id, Batch& batch, std::span<const TransferRequest> requests,
+    std::span<Peer* const> targets) {
+  std::map<Peer*, Slices> by_peer;
+  if (batch.requests.empty()) {
+    batch.deadline = Clock::now() + config.request_timeout;
+    // A batch is mostly submitted whole: its list of 65,536 is not regrown.
+    batch.requests.reserve(requests.size());
+  }
+  Slices* slices = nullptr;  // those of targets[i - 1]
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const TransferRequest& r = requests[i];
+    const auto index = static_cast<uint32_t>(batch.requests.size());
+    Request& rec = batch.requests.emplace_back();
+    rec.slices_left = (r.length + config.slice_bytes - 1) / config.slice_bytes;
+    if (rec.slices_left == 0) batch.advance(index, TransferState::kCompleted);
+    if (i == 0 || targets[i] != targets[i - 1]) {
+      slices = &by_peer[targets[i]];
+      batch.peers.insert(targets[i]);
+    }
+    batch.slices_out += rec.slices_left;
+    for (uint64_t off = 0; off < r.length; off += config.slice_bytes) {
+      // Every field (the build refuses a missing one), so that nothing of a
+      // spare slice's last use is left.
+      *slices->emplace_back(new_slice()) =
+          Slice{.batch = batch_id,
+                .request = index,
+                .opcode = r.opcode,
+                .local = r.source + off,
+                .remote = r.target_offset + off,
+                .length = std::min(config.slice_bytes, r.length - off),
+                .attempts = 0,
+                .seq = 0,
+                .message = {}};
+    }
+  }
+  return by_peer;
+}
+
 Status TransferEngine::submit_transfer(BatchId batch_id,
                                        std::span<const TransferRequest> requests) {
-  const uint64_t slice_bytes = impl_->config.slice_bytes;
   std::map<Peer*, Slices> by_peer;
   {
     std::lock_guard lock(impl_->mu);
@@ -392,52 +478,8 @@ Status TransferEngine::submit_transfer(BatchId batch_id,
                                               batch_id, batch.capacity, requests.size()));
     }
     // Check everything before anything is queued: a refused submission moves nothing.
-    for (size_t i = 0; i < requests.size(); ++i) {
-      const TransferRequest& r = requests[i];
-      if (r.opcode != Opcode::kWrite && r.opcode != Opcode::kRead) {
-        return Status::invalid_argument(
-            fmt::format("request {}: opcode {} is not write or read (notifications: "
-                        "submit_notification)",
-                        i, static_cast<int>(r.opcode)));
-      }
-      auto peer = impl_->peers.find(r.target);
-      if (peer == impl_->peers.end()) {
-        return Status::not_found(fmt::format("request {}: no open segment {}", i, r.target));
-      }
-      if (auto f = impl_->failed_segments.find(r.target); f != impl_->failed_segments.end()) {
-        return f->second;
-      }
-      if (!impl_->local_contains(reinterpret_cast<uint64_t>(r.source), r.length)) {
-        return Status::out_of_range(
-            fmt::format("request {}: local bytes [{}, +{}) are not registered", i,
-                        static_cast<const void*>(r.source), r.length));
-      }
-      if (peer->second->descriptor().find(r.target_offset, r.length) == nullptr) {
-        return Status::out_of_range(
-            fmt::format("request {}: target bytes [{:#x}, +{}) outside segment {}'s buffers", i,
-                        r.target_offset, r.length, peer->second->descriptor().name));
-      }
-    }
-    if (batch.requests.empty()) batch.deadline = Clock::now() + impl_->config.request_timeout;
-    for (const TransferRequest& r : requests) {
-      const auto index = static_cast<uint32_t>(batch.requests.size());
-      Impl::Request& rec = batch.requests.emplace_back();
-      rec.slices_left = (r.length + slice_bytes - 1) / slice_bytes;
-      if (rec.slices_left == 0) batch.advance(index, TransferState::kCompleted);
-      Peer* target = impl_->peers.at(r.target).get();
-      Slices& slices = by_peer[target];
-      batch.peers.insert(target);
-      batch.slices_out += rec.slices_left;
-      for (uint64_t off = 0; off < r.length; off += slice_bytes) {
-        auto& s = slices.emplace_back(std::make_unique<Slice>());
-        s->batch = batch_id;
-        s->request = index;
-        s->opcode = r.opcode;
-        s->local = r.source + off;
-        s->remote = r.target_offset + off;
-        s->length = std::min(slice_bytes, r.length - off);
-      }
-    }
+    PDKV_ASSIGN_OR_RETURN(const std::vector<Peer*> targets, impl_->check_requests(requests));
+    by_peer = impl_->slice_requests(batch_id, batch, requests, targets);
   }
   for (auto& [peer, slices] : by_peer) peer->post_dispatch(std::move(slices));
   return Status::ok();

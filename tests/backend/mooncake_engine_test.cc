@@ -85,6 +85,47 @@ TEST(MooncakeEngine, RequestsOutsideRegisteredMemoryAreRefusedWhole) {
   EXPECT_EQ(initiator->submit_transfer(batch, local).code(), StatusCode::kOutOfRange);
 }
 
+// Submitting looks each request up by address among the segment's buffers;
+// the index must find what a scan of every buffer finds, in any order they
+// were registered, and overlapping ones too.
+TEST(MooncakeBufferIndex, FindsWhatAScanOfEveryBufferFinds) {
+  using Buffer = SegmentDescriptor::Buffer;
+  // Out of order of address, a gap between 300 and 1000, and [20, 40) lying
+  // inside [0, 100). Written out by hand: which holds what.
+  const std::vector<Buffer> buffers = {{1000, 50}, {200, 100}, {0, 100}, {20, 20}};
+  const BufferIndex index(buffers);
+  // The base of the buffer found, or -1 for none.
+  const auto found_base = [&](uint64_t addr, uint64_t length) {
+    const Buffer* b = index.find(addr, length);
+    return b == nullptr ? int64_t{-1} : static_cast<int64_t>(b->base);
+  };
+  EXPECT_EQ(found_base(1000, 50), 1000);
+  EXPECT_EQ(found_base(1049, 1), 1000);
+  EXPECT_EQ(found_base(1049, 2), -1);  // one byte past its end
+  EXPECT_EQ(found_base(299, 1), 200);
+  EXPECT_EQ(found_base(300, 1), -1);  // in the gap
+  EXPECT_EQ(found_base(250, 100), -1);
+  const int64_t either = found_base(25, 10);  // both hold it
+  EXPECT_TRUE(either == 20 || either == 0) << either;
+  // [30, 90) starts inside the inner buffer but only the outer one holds it.
+  EXPECT_EQ(found_base(30, 60), 0);
+  EXPECT_EQ(found_base(UINT64_MAX, 1), -1);
+  EXPECT_EQ(BufferIndex().find(0, 1), nullptr);
+
+  // Random lookups against a plain scan, written here without find_buffer.
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 20000; ++i) {
+    const uint64_t addr = rng() % 1200, length = rng() % 120;
+    bool held = false;
+    for (const Buffer& b : buffers) held |= addr >= b.base && addr + length <= b.base + b.length;
+    const Buffer* found = index.find(addr, length);
+    ASSERT_EQ(found != nullptr, held) << addr << " +" << length;
+    if (found != nullptr) {
+      ASSERT_TRUE(addr >= found->base && addr + length <= found->base + found->length);
+    }
+  }
+}
+
 // The engine's transfer timeout (transport option transfer_timeout_ms) is
 // how long a request may take, unless the backend's own request_timeout_ms
 // says otherwise, whichever comes first in the options.
