@@ -2,10 +2,13 @@
 // checked against the oracle, for the heterogeneous-TP cases of DESIGN §3.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <numeric>
 #include <random>
 
 #include "support/cluster.h"
+#include "support/loopback_transport.h"
 
 namespace pdkv {
 namespace {
@@ -15,6 +18,7 @@ using testing::ClusterSpec;
 using testing::first_pages;
 using testing::poll_until;
 using testing::shape;
+using namespace std::chrono_literals;
 
 struct Case {
   std::string name;
@@ -157,6 +161,51 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, Transfer, ::testing::ValuesIn(cases()));
+
+// A source hears that its success report was taken before the decode rank
+// scatters what it staged: the scatter of a long request takes seconds and
+// must not run out the source's call. The hook holds the decode engine's
+// loop where it makes the reported bytes visible, before the scatter, until
+// the Sender reached Success (10 s at most), which only the decode rank's
+// answer can bring about.
+TEST(StagedReport, TheSourceHearsItWasTakenBeforeTheScatter) {
+  ClusterSpec spec = shape(8, 1, 1);
+  spec.staging = Staging::kOn;
+  std::atomic<bool> sender_succeeded{false};
+  std::atomic<int> held{0}, answered_while_held{0};
+  auto cluster = Cluster::start(spec);
+  ASSERT_NE(cluster, nullptr);
+  struct HookReset {
+    ~HookReset() { testing::set_acquire_hook({}); }
+  } reset;
+  testing::set_acquire_hook([&] {
+    ++held;
+    if (poll_until([&] { return sender_succeeded.load(); })) ++answered_while_held;
+  });
+  const RoomId room = 99;
+  const uint64_t n = 4;
+  const auto src_pages = pages_of(n, spec.kv.num_pages, 5);
+  const auto dst_pages = pages_of(n, spec.kv.num_pages, 9);
+  cluster->fill(room, src_pages, 1, {});
+  auto receiver = std::move(cluster->decode[0]->receiver(room, spec.prefill_id)).value();
+  ASSERT_TRUE(receiver->init().is_ok());
+  ASSERT_TRUE(receiver->send_metadata(dst_pages, 2, {}).is_ok());
+  auto sender = std::move(cluster->prefill[0]->sender(room, spec.decode_id)).value();
+  ASSERT_TRUE(sender->init(n, 1, {}).is_ok());
+  ASSERT_TRUE(sender->send(src_pages, true).is_ok());
+
+  ASSERT_TRUE(poll_until([&] { return sender->poll() == PollState::kSuccess; }, 20s))
+      << sender->failure().to_string();
+  sender_succeeded = true;
+  ASSERT_TRUE(poll_until([&] { return receiver->poll() == PollState::kSuccess; }))
+      << receiver->failure().to_string();
+  EXPECT_EQ(held.load(), 1);
+  EXPECT_EQ(answered_while_held.load(), 1) << "the answer waited for the scatter";
+  EXPECT_EQ(cluster->verify(room, dst_pages, 2, {}), "");
+  uint64_t staged = 0;
+  for (auto& e : cluster->prefill) staged += e->stats().staged_routes;
+  EXPECT_EQ(staged, 1u);
+}
 
 }  // namespace
 }  // namespace pdkv

@@ -34,6 +34,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -51,6 +52,8 @@ class LoopbackTransport;
 std::mutex g_mu;                                // guards g_live and every copy
 std::map<uint64_t, LoopbackTransport*> g_live;  // by transport id
 uint64_t g_next_id = 1;
+std::mutex g_hook_mu;                  // guards g_acquire_hook
+std::function<void()> g_acquire_hook;  // set_acquire_hook()
 
 constexpr std::string_view kPrefix = "loopback:";
 
@@ -160,7 +163,15 @@ class LoopbackTransport final : public Transport {
   }
 
   // Copies happen under g_mu: taking it orders every completed copy first.
-  void acquire_remote_writes() override { std::lock_guard lock(g_mu); }
+  void acquire_remote_writes() override {
+    std::function<void()> hook;
+    {
+      std::lock_guard lock(g_hook_mu);
+      hook = g_acquire_hook;
+    }
+    if (hook) hook();
+    std::lock_guard lock(g_mu);
+  }
   void release_to_peers() override { std::lock_guard lock(g_mu); }
 
   void set_batch_end_callback(BatchEndCallback callback) override {
@@ -306,4 +317,9 @@ PDKV_REGISTER_TRANSPORT("loopback", make_loopback);
 }  // namespace
 
 void loopback_fence() { std::lock_guard lock(g_mu); }
+
+void set_acquire_hook(std::function<void()> hook) {
+  std::lock_guard lock(g_hook_mu);
+  g_acquire_hook = std::move(hook);
+}
 }  // namespace pdkv::testing
