@@ -155,7 +155,9 @@ void TransferEngine::Impl::complete(Slices& slices) {
     }
     for (auto& s : slices) {
       if (spare_slices.size() == kMaxSpareSlices) break;
-      spare_slices.push_back(std::move(s));
+      // A notification's slice is one a batch and would keep its message's
+      // buffer: it is freed.
+      if (s->opcode != Opcode::kNotify) spare_slices.push_back(std::move(s));
     }
   }
   slices.clear();
@@ -448,8 +450,8 @@ std::map<Peer*, Slices> TransferEngine::Impl::slice_requests(
     }
     batch.slices_out += rec.slices_left;
     for (uint64_t off = 0; off < r.length; off += config.slice_bytes) {
-      // Every field (the build refuses a missing one), so that nothing of a
-      // spare slice's last use is left.
+      // A whole Slice is assigned, so that nothing of a spare one's last use
+      // is left (every field is named: -Wmissing-field-initializers).
       *slices->emplace_back(new_slice()) =
           Slice{.batch = batch_id,
                 .request = index,

@@ -166,8 +166,9 @@ INSTANTIATE_TEST_SUITE_P(Engines, Transfer, ::testing::ValuesIn(cases()));
 // scatters what it staged: the scatter of a long request takes seconds and
 // must not run out the source's call. The hook holds the decode engine's
 // loop where it makes the reported bytes visible, before the scatter, until
-// the Sender reached Success (10 s at most), which only the decode rank's
-// answer can bring about.
+// the Sender reached Success (30 s at most, longer than the Sender is given),
+// which only the decode rank's answer can bring about. The hook sees every
+// engine's calls; only the decode engine makes any.
 TEST(StagedReport, TheSourceHearsItWasTakenBeforeTheScatter) {
   ClusterSpec spec = shape(8, 1, 1);
   spec.staging = Staging::kOn;
@@ -180,7 +181,7 @@ TEST(StagedReport, TheSourceHearsItWasTakenBeforeTheScatter) {
   } reset;
   testing::set_acquire_hook([&] {
     ++held;
-    if (poll_until([&] { return sender_succeeded.load(); })) ++answered_while_held;
+    if (poll_until([&] { return sender_succeeded.load(); }, 30s)) ++answered_while_held;
   });
   const RoomId room = 99;
   const uint64_t n = 4;
