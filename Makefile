@@ -19,7 +19,9 @@ BUILD_TYPE ?= RelWithDebInfo
 CMAKE_FLAGS ?=
 CTEST = ctest --output-on-failure -j $(JOBS) --timeout 600
 
+# LeakSanitizer suppressions (tests/lsan.supp): third-party leaks only.
 SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+                LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
                 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 # UCX's malloc and mmap hooks fight TSan's own interceptors (segfaults): off for TSan runs.
 TSAN_ENV = TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
