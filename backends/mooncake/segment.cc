@@ -110,13 +110,9 @@ BufferIndex::BufferIndex(std::span<const SegmentDescriptor::Buffer> buffers)
 const SegmentDescriptor::Buffer* BufferIndex::find(uint64_t addr, uint64_t length) const {
   // The buffer with the greatest base at or below `addr` first; only a miss
   // looks at them all, so that buffers that overlap still find their bytes.
-  auto after = std::upper_bound(
-      by_base_.begin(), by_base_.end(), addr,
-      [](uint64_t address, const SegmentDescriptor::Buffer& b) { return address < b.base; });
-  if (after != by_base_.begin()) {
-    const auto* b = find_buffer({&*std::prev(after), 1}, addr, length);
-    if (b != nullptr) return b;
-  }
+  const auto* nearest = last_at_or_below<SegmentDescriptor::Buffer>(
+      by_base_, addr, [](const SegmentDescriptor::Buffer& b) { return b.base; });
+  if (nearest != nullptr && find_buffer({nearest, 1}, addr, length) != nullptr) return nearest;
   return find_buffer(by_base_, addr, length);
 }
 

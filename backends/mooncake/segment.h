@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -43,6 +44,16 @@ struct SegmentDescriptor {
 // The buffer of `buffers` holding all of [addr, addr + length), or nullptr.
 const SegmentDescriptor::Buffer* find_buffer(std::span<const SegmentDescriptor::Buffer> buffers,
                                              uint64_t addr, uint64_t length);
+
+// Of `sorted`, in order of base_of(entry), the entry with the greatest base
+// at or below `addr` (the only one that can hold it where entries do not
+// overlap), or nullptr.
+template <typename T, typename BaseOf>
+const T* last_at_or_below(std::span<const T> sorted, uint64_t addr, BaseOf base_of) {
+  auto after = std::upper_bound(sorted.begin(), sorted.end(), addr,
+                                [&](uint64_t a, const T& e) { return a < base_of(e); });
+  return after == sorted.begin() ? nullptr : &*std::prev(after);
+}
 
 // Finds the buffer that holds an address range by binary search: submitting
 // a batch looks up every request (a 2 -> 4 request of llama3-8b is 65,536

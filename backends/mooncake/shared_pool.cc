@@ -113,13 +113,10 @@ char* PeerMappings::local(uint64_t remote, uint64_t length) const {
   // The mapping with the greatest base at or below `remote` is the only one
   // that can hold it (a process's buffers do not overlap; if they did, a
   // miss here leaves the slice to the kernel's copy, which is as right).
-  auto after =
-      std::upper_bound(mappings_.begin(), mappings_.end(), remote,
-                       [](uint64_t address, const Mapping& m) { return address < m.remote.base; });
-  if (after == mappings_.begin()) return nullptr;
-  const Mapping& m = *std::prev(after);
-  if (find_buffer({&m.remote, 1}, remote, length) == nullptr) return nullptr;
-  return m.local + (remote - m.remote.base);
+  const Mapping* m =
+      last_at_or_below<Mapping>(mappings_, remote, [](const Mapping& e) { return e.remote.base; });
+  if (m == nullptr || find_buffer({&m->remote, 1}, remote, length) == nullptr) return nullptr;
+  return m->local + (remote - m->remote.base);
 }
 
 }  // namespace pdkv::backends::mooncake
