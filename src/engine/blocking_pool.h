@@ -1,7 +1,9 @@
 // A fixed set of threads for the few calls that block and cannot be made
-// asynchronous (Transport::connect): they run here, so that the loop never
-// waits on a peer, and hand their outcome back with EventLoop::post. The
-// number of threads is fixed at construction, whatever the number of peers.
+// asynchronous (Transport::connect), and for copies of gigabytes (a staged
+// route's gather and scatter): they run here, so that the loop never waits
+// on a peer or on memory, and hand their outcome back with EventLoop::post.
+// The number of threads is fixed at construction, whatever the number of
+// peers or rooms.
 //
 // Thread-safety: run() from any thread; stop() once, not from a pool thread.
 #pragma once

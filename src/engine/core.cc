@@ -34,6 +34,10 @@ void EngineCore::shutdown() {
       loop_.post([&told] { told.set_value(); });
     });
     told.get_future().wait();
+    // Copies under way end (their rooms failed above); those not started are
+    // dropped. A decode room that still scatters is published failed only
+    // once its copy is over: give_up below publishes regardless.
+    copier_.stop();
     (void)calls_.wait_idle(kFarewell, CallTracker::Kind::kUnary);
     // 2. Rooms whose sources did not answer fail now; links and lookups end.
     // Waited for: until it has run, a timer on the loop (a lookup's retry)
@@ -78,7 +82,7 @@ EngineStats EngineCore::stats() const {
   s.peers = counters_.peers;
   s.loop_tasks = loop_.tasks_run() + loop_.timers_fired();
   s.room_steps = counters_.room_steps;
-  s.engine_threads = 1 + connector_.threads();
+  s.engine_threads = 1 + connector_.threads() + copier_.threads();
   return s;
 }
 

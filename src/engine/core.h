@@ -12,9 +12,11 @@
 //                it touches goes away
 //
 // Threads: the loop, two connector threads (Transport::connect, which may
-// block), and gRPC's own; none per peer, room or call. No lock of the engine
-// is held across a call into the transport or gRPC; transport callbacks are
-// accepted on any thread at any time (they post to the loop).
+// block), two copy threads (staged routes' gathers and scatters of host
+// pools, EngineContext::copy_then), and gRPC's own; none per peer, room or
+// call. No lock of the engine is held across a call into the transport or
+// gRPC; transport callbacks are accepted on any thread at any time (they
+// post to the loop).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -115,6 +117,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore>, public Contr
   std::shared_ptr<LoopInbox> transport_inbox_ = std::make_shared<LoopInbox>(loop_);
   CallTracker calls_;
   BlockingPool connector_{"pdkv-connect", 2};
+  // Two, so that one long copy (a 32k request's gigabytes) holds up no other
+  // room's, and a rank's gathers or scatters overlap its transfers.
+  BlockingPool copier_{"pdkv-copy", 2};
   std::unique_ptr<TopologyLookups> lookups_;
   std::unique_ptr<Registration> registration_;
   std::unique_ptr<PeerRegistry> peers_;

@@ -133,6 +133,9 @@ void DecodeSide::on_deadline(RoomId id) {
     if (s.reported) continue;
     missing += (missing.empty() ? "" : ", ") + describe(s.rank);
   }
+  // Every source reported: what is left are scatters, which end by
+  // themselves (the deadline is for the reports, engine.h).
+  if (room->bound && !room->sources.empty() && missing.empty()) return;
   const auto waited = ctx_.config.timeouts.waiting_for_data.count();
   if (room->bound) {
     return fail(*room, Status::deadline_exceeded(fmt::format(
@@ -163,6 +166,13 @@ void DecodeSide::on_room_status(const proto::RoomStatus& status, AnswerPtr answe
         fmt::format("room {}: {} is not a source of {}", id, describe(from), describe(ctx_.self))));
   }
   Source& source = found->second;
+  if (source.reported && room->handle && !room->failure) {
+    // A source reports once. A second report (a peer's bug) changes
+    // nothing: a second scatter would read the slot the first one frees.
+    // (One on a failed room is answered below, as any late report is.)
+    return answer->send(Status::failed_precondition(
+        fmt::format("room {}: {} reported already", id, describe(source.rank))));
+  }
   // Whatever it says, this source writes nothing more for the room.
   source.reported = true;
   source.bytes = status.bytes();
@@ -193,10 +203,7 @@ void DecodeSide::on_room_status(const proto::RoomStatus& status, AnswerPtr answe
   // The report says the source's bytes are here (staged or in place): make
   // them visible to this thread and, through the room's state, to the caller.
   ctx_.transport.acquire_remote_writes();
-  if (source.slot && room->metadata) {
-    const Status scattered = scatter_staged(*room, source);
-    if (!scattered.is_ok()) return fail(*room, scattered);
-  }
+  if (source.slot && room->metadata) return start_scatter(*room, source);
   source.succeeded = true;
   step(*room);
 }

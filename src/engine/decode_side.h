@@ -4,14 +4,16 @@
 // A room (DecodeRoom) is fed by its sources (the prefill ranks the transfer
 // map names for this rank). For each source:
 //   metadata sent (with a staging slot when the route is staged) ->
-//   accepted -> RoomStatus(Success): bytes visible (staged ones scattered).
+//   accepted -> RoomStatus(Success): bytes visible (a staged block is
+//   scattered first, on a copy thread when it is large).
 // The room succeeds when every source reported success.
 //
 // Failure (an abort, a timeout, a source's failure, a lost source, closing
 // the Receiver): the first reason wins, every source that may still write is
 // sent AbortRoom (retried until it answers or is lost), and the Receiver
 // sees kFailed only once every source is quiet: it acknowledged the abort,
-// reported, was lost, or never had the page list. From then on no byte of
+// reported (and its staged block's scatter is over), was lost, or never had
+// the page list. From then on no byte of
 // the room lands in its pages; a late success report is refused and never
 // scattered. Staging slots are released at the same moment, not on a timer.
 //
@@ -75,8 +77,12 @@ class DecodeSide {
     enum class Abort { kNone, kSending, kAcked } abort = Abort::kNone;
     std::chrono::milliseconds abort_backoff{100};
     bool lost = false;
+    // Its staged block is being copied into the room's pages (copy_then):
+    // the slot and the room are kept, and the room is not quiet.
+    bool scattering = false;
     // Nothing of the room can land from this source any more.
     bool quiet() const {
+      if (scattering) return false;
       return info == Info::kNotSent || info == Info::kWaitingForSlot || info == Info::kRefused ||
              reported || lost || abort == Abort::kAcked;
     }
@@ -126,7 +132,10 @@ class DecodeSide {
   // pages numbered 0..n-1 on the source side (the staging layout does not
   // depend on the source's page numbers).
   Result<TransferPlan> staging_plan(const Source& source, const proto::TransferInfo& info);
-  Status scatter_staged(const DecodeRoom& room, Source& source);
+  // Starts copying the source's staged block into the room's pages
+  // (EngineContext::copy_then); on_scattered ends its part.
+  void start_scatter(DecodeRoom& room, Source& source);
+  void on_scattered(RoomId room, RankKey source, const Status& scattered);
   void release_slot(Source& source);
   void wake_slot_waiters();
   void send_abort(DecodeRoom& room, Source& source);

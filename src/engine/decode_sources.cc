@@ -120,27 +120,47 @@ Result<bool> DecodeSide::reserve_staging(const DecodeRoom& room, Source& source)
   if (!offset) return !must;  // no room: direct, or wait when it must be staged
   source.slot = *offset;
   source.slot_bytes = plan->bytes();
-  ++ctx_.counters.staged_routes;
-  if (room.handle) {
-    std::lock_guard lock(room.handle->mu);
-    room.handle->metrics_.staged = true;
-  }
+  ctx_.note_staged(room.handle.get());
   return true;
 }
 
-Status DecodeSide::scatter_staged(const DecodeRoom& room, Source& source) {
-  PDKV_ASSIGN_OR_RETURN(TransferPlan plan, staging_plan(source, *room.metadata));
-  const Status st = ctx_.pool_staging.scatter(plan, *source.slot);
+void DecodeSide::start_scatter(DecodeRoom& room, Source& source) {
+  Result<TransferPlan> plan = staging_plan(source, *room.metadata);
+  if (!plan.is_ok()) {
+    release_slot(source);
+    return fail(room,
+                plan.status().with_context(fmt::format("room {}: scattering the staged bytes of {}",
+                                                       room.id, describe(source.rank))));
+  }
+  source.scattering = true;
+  ctx_.copy_then(
+      EngineContext::Copy::kScatter, std::move(*plan), *source.slot,
+      [this, id = room.id, key = source.key](const Status& s) { on_scattered(id, key, s); });
+}
+
+void DecodeSide::on_scattered(RoomId id, RankKey key, const Status& scattered) {
+  DecodeRoom* room = find(id);
+  if (room == nullptr) return;  // never: a room with a scatter under way is kept
+  Source& source = room->sources.at(key);
+  source.scattering = false;
   release_slot(source);
-  return st.with_context(
-      fmt::format("room {}: scattering the staged bytes of {}", room.id, describe(source.rank)));
+  if (!scattered.is_ok() && !room->failure) {
+    return fail(*room,
+                scattered.with_context(fmt::format("room {}: scattering the staged bytes of {}", id,
+                                                   describe(source.rank))));
+  }
+  // A room that failed meanwhile is published failed now (step: check_quiet).
+  source.succeeded = scattered.is_ok() && !room->failure;
+  step(*room);
 }
 
 void DecodeSide::release_slot(Source& source) {
-  if (!source.slot) return;
+  if (!source.slot || source.scattering) return;  // on_scattered releases it
   ctx_.staging.release(*source.slot);
   source.slot.reset();
-  wake_slot_waiters();
+  // In a task of its own: a waiter's step may erase a room (this one too)
+  // that the caller goes on using.
+  ctx_.loop.post([this] { wake_slot_waiters(); });
 }
 
 void DecodeSide::wake_slot_waiters() {

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
+#include "engine/blocking_pool.h"
 #include "engine/change_feed.h"
 #include "engine/counters.h"
 #include "engine/event_loop.h"
@@ -29,6 +31,12 @@ namespace pdkv::engine {
 // sanitizer did), and none of them should fail for it.
 inline constexpr auto kControlCallTimeout = std::chrono::milliseconds(20000);
 
+// A staging copy (gather or scatter) smaller than this runs on the loop: it
+// takes about as long as handing it to a copy thread and back (two thread
+// switches, tens of microseconds here), and a one-page request's routes stay
+// off the copy threads. Larger ones would hold up every other room.
+inline constexpr uint64_t kCopyOnLoopBytes = 1 << 20;
+
 // This rank's transport keys for its pools.
 struct RegionKeys {
   std::vector<RegionKey> kv;  // by buffer index; empty when KV is never written in place
@@ -46,6 +54,7 @@ struct EngineContext {
   PoolStaging& pool_staging;
   const RegionKeys& keys;
   EventLoop& loop;
+  BlockingPool& copier;  // staging copies off the loop (copy_then)
   PeerRegistry& peers;
   TopologyLookups& lookups;
   RoomDirectory& directory;
@@ -62,6 +71,18 @@ struct EngineContext {
   // handle (no caller any more) is fine.
   void advance(RoomHandle* room, PollState state);
   void fail(RoomHandle* room, const Status& reason);
+  // A route of the room is staged: counted, and told in its metrics.
+  void note_staged(RoomHandle* room);
+  // Gathers `plan`'s bytes into staging slot `slot`, or scatters them from
+  // it, and then runs `done` with the outcome on the loop, always later than
+  // this call. Large host copies run on a copy thread meanwhile
+  // (kCopyOnLoopBytes, PoolStaging::copies_off_loop), the rest on the loop.
+  // The caller keeps what the copy touches (the slot, the pages it fills)
+  // until `done` runs; at shutdown a copy not yet started is dropped, and
+  // its `done` never runs.
+  enum class Copy { kGather, kScatter };
+  void copy_then(Copy copy, TransferPlan plan, uint64_t slot,
+                 std::function<void(const Status&)> done);
 };
 
 }  // namespace pdkv::engine

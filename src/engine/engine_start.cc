@@ -269,8 +269,8 @@ void EngineCore::build_machinery() {
                                           config_.timeouts, config_.security, counters_,
                                           std::move(hooks));
   ctx_.reset(new EngineContext{config_, self_, shard_, local_channels_, *transport_, *pool_staging_,
-                               keys_, loop_, *peers_, *lookups_, directory_, feed_, counters_,
-                               StagingPool(config_.staging_bytes), Planner()});
+                               keys_, loop_, copier_, *peers_, *lookups_, directory_, feed_,
+                               counters_, StagingPool(config_.staging_bytes), Planner()});
   prefill_ = std::make_unique<PrefillSide>(*ctx_);
   decode_ = std::make_unique<DecodeSide>(*ctx_);
   // Backend threads report failed peers at any time, even from inside our

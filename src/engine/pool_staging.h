@@ -31,9 +31,14 @@ class PoolStaging {
   ~PoolStaging();
 
   Mode mode() const { return mode_; }
+  // Whether gather and scatter may run on a thread of their own: memcpy
+  // between host pools may. GPU kernels stay on the loop: a Stager may be
+  // used by one thread at a time (gpu.h), and the loop is that thread.
+  bool copies_off_loop() const { return mode_ == Mode::kHost; }
 
   // The plan's bytes from the KV pools into staging bytes [offset, offset +
-  // plan.bytes()), or back; returns once they are there.
+  // plan.bytes()), or back; returns once they are there. Host copies may run
+  // on any thread, one per slot at a time; a device's run on the loop.
   Status gather(const TransferPlan& plan, uint64_t offset);
   Status scatter(const TransferPlan& plan, uint64_t offset);
 

@@ -298,7 +298,7 @@ void PrefillSide::maybe_erase(PrefillRoom& room) {
   const bool ended = room.failure || room.succeeded;
   if (!ended || room.handle || room.lookup_pending || !(room.closed || room.expired)) return;
   for (const auto& [key, dest] : room.dests) {
-    if (dest.batches > 0 || dest.report == Destination::Report::kSending ||
+    if (dest.batches > 0 || dest.gathering || dest.report == Destination::Report::kSending ||
         dest.report == Destination::Report::kFailureSending) {
       return;
     }

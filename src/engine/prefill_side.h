@@ -5,9 +5,10 @@
 //
 // A room (PrefillRoom) writes to its destinations (the decode ranks the
 // transfer map names for this rank). For each destination:
-//   metadata accepted -> writes posted as chunks arrive (or one gathered
-//   block at the last chunk, when the decode rank reserved a staging slot)
-//   -> every batch done -> RoomStatus(Success) -> acknowledged.
+//   metadata accepted -> writes posted as chunks arrive (or, when the decode
+//   rank reserved a staging slot, one block gathered at the last chunk, on
+//   a copy thread when it is large) -> every batch done ->
+//   RoomStatus(Success) -> acknowledged.
 // The room succeeds when every destination acknowledged.
 //
 // Failure: the first reason wins; the Sender sees kFailed at once. Each
@@ -76,7 +77,9 @@ class PrefillSide {
     uint64_t bytes = 0;
     uint32_t batches = 0;  // in flight
     std::optional<uint64_t> gather_slot;
-    bool waiting_for_gather = false;
+    bool waiting_for_gather = false;  // for room in the staging pool
+    bool gathering = false;           // a copy fills the slot: it and the room are kept
+    bool gathered = false;            // the slot holds the block, to be written
     // A failure notice on its way (kFailureSending) holds the room; one
     // whose link was lost is sent again, kNoticeTries in all.
     enum class Report {
@@ -161,6 +164,10 @@ class PrefillSide {
   Status post_writes(PrefillRoom& room, Destination& dest);
   Status post_kv_direct(PrefillRoom& room, Destination& dest, std::vector<WriteOp>& ops);
   Result<bool> post_kv_staged(PrefillRoom& room, Destination& dest, std::vector<WriteOp>& ops);
+  // Takes a slot and starts the gather into it (EngineContext::copy_then),
+  // or waits for a slot.
+  Status start_gather(PrefillRoom& room, Destination& dest);
+  void on_gathered(RoomId room, RankKey dest, const Status& gathered);
   void add_extras(const PrefillRoom& room, const Destination& dest, std::vector<WriteOp>& ops);
   void on_batch_end(RoomId room, RankKey dest, PeerId connection, const BatchStatus& status);
   void release_gather(Destination& dest);

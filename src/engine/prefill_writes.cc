@@ -14,7 +14,7 @@ bool PrefillSide::complete(const PrefillRoom& room, const Destination& dest) con
 }
 
 Status PrefillSide::post_writes(PrefillRoom& room, Destination& dest) {
-  if (!dest.info || dest.waiting_for_gather) return Status::ok();
+  if (!dest.info || dest.waiting_for_gather || dest.gathering) return Status::ok();
   const uint64_t available = room.pages.size();
   const bool extras_due = room.last && available == room.num_pages && !dest.extras_written;
   const bool kv_due = dest.link.kv && dest.pages_written < available;
@@ -91,6 +91,19 @@ Result<bool> PrefillSide::post_kv_staged(PrefillRoom& room, Destination& dest,
     dest.pages_written = room.pages.size();
     return false;
   }
+  if (!dest.gathered) {
+    PDKV_RETURN_IF_ERROR(start_gather(room, dest));
+    return false;
+  }
+  // start_gather checked that the block is the slot's size.
+  ops.push_back({ctx_.keys.staging, *dest.gather_slot, dest.rank.staging_region(),
+                 info.staging_offset(), info.staging_bytes()});
+  ctx_.note_staged(room.handle.get());
+  return true;
+}
+
+Status PrefillSide::start_gather(PrefillRoom& room, Destination& dest) {
+  const proto::TransferInfo& info = *dest.info;
   const std::span<const uint64_t> dst(info.dst_pages().data(), info.dst_pages_size());
   PDKV_ASSIGN_OR_RETURN(TransferPlan plan, ctx_.planner.plan(ctx_.shard, shard_of(dest.rank),
                                                              *dest.link.kv, room.pages, dst));
@@ -104,23 +117,29 @@ Result<bool> PrefillSide::post_kv_staged(PrefillRoom& room, Destination& dest,
     if (!dest.gather_slot) {  // no room to gather now: again when a slot frees
       dest.waiting_for_gather = true;
       gather_waiters_.emplace_back(room.id, dest.key);
-      return false;
+      return Status::ok();
     }
   }
-  const Status gathered = ctx_.pool_staging.gather(plan, *dest.gather_slot);
-  if (!gathered.is_ok()) {
+  dest.gathering = true;
+  ctx_.copy_then(
+      EngineContext::Copy::kGather, std::move(plan), *dest.gather_slot,
+      [this, id = room.id, key = dest.key](const Status& s) { on_gathered(id, key, s); });
+  return Status::ok();
+}
+
+void PrefillSide::on_gathered(RoomId id, RankKey key, const Status& gathered) {
+  PrefillRoom* room = find(id);
+  if (room == nullptr) return;  // never: a room with a gather under way is kept
+  Destination& dest = room->dests.at(key);
+  dest.gathering = false;
+  if (!gathered.is_ok() || room->failure) {
     release_gather(dest);
-    return gathered.with_context(
-        fmt::format("room {}: gathering the block for {}", room.id, describe(dest.rank)));
+    if (room->failure) return drive_failure(*room);  // it may be erased now
+    return fail(*room, gathered.with_context(fmt::format("room {}: gathering the block for {}", id,
+                                                         describe(dest.rank))));
   }
-  ops.push_back({ctx_.keys.staging, *dest.gather_slot, dest.rank.staging_region(),
-                 info.staging_offset(), plan.bytes()});
-  ++ctx_.counters.staged_routes;
-  if (room.handle) {
-    std::lock_guard lock(room.handle->mu);
-    room.handle->metrics_.staged = true;
-  }
-  return true;
+  dest.gathered = true;
+  step(*room);  // writes the block
 }
 
 void PrefillSide::add_extras(const PrefillRoom& room, const Destination& dest,
@@ -181,10 +200,13 @@ void PrefillSide::on_batch_end(RoomId id, RankKey key, PeerId connection,
 }
 
 void PrefillSide::release_gather(Destination& dest) {
-  if (!dest.gather_slot) return;
+  if (!dest.gather_slot || dest.gathering) return;  // the copy releases it when it ends
+  dest.gathered = false;
   ctx_.staging.release(*dest.gather_slot);
   dest.gather_slot.reset();
-  wake_gather_waiters();
+  // In a task of its own: a waiter's step may erase a room (this one too)
+  // that the caller goes on using.
+  ctx_.loop.post([this] { wake_gather_waiters(); });
 }
 
 void PrefillSide::wake_gather_waiters() {

@@ -247,6 +247,22 @@ TEST_F(BadInput, SuccessAfterFailureStaysFailure) {
   EXPECT_EQ(rx->failure().message(), "prefill dp 0 tp 0 pp 0 failed room 400: disk on fire");
 }
 
+// A source reports once: a second report is refused and changes nothing
+// (before, a second success started a second scatter of a staged block).
+TEST_F(BadInput, ASecondReportFromTheSameSourceIsRefused) {
+  auto rx = std::move(cluster_->decode[0]->receiver(600, "prefill")).value();
+  ASSERT_TRUE(rx->init().is_ok());
+  ASSERT_TRUE(poll_until([&] { return rx->poll() == PollState::kWaitingForInput; }));
+  EXPECT_TRUE(send_status(0, 0, 600, true).ok());
+  const grpc::Status again = send_status(0, 0, 600, true);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(again.error_message(), "room 600: prefill dp 0 tp 0 pp 0 reported already");
+  // The other source's report still counts, and the room succeeds.
+  EXPECT_TRUE(send_status(1, 0, 600, true).ok());
+  EXPECT_TRUE(poll_until([&] { return rx->poll() == PollState::kSuccess; }))
+      << rx->failure().to_string();
+}
+
 TEST_F(BadInput, GarbageAndTruncatedBytesOnTheControlPort) {
   const std::string address = prefill_ranks_[0].control_address();
   const int port = std::stoi(address.substr(address.rfind(':') + 1));
