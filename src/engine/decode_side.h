@@ -13,9 +13,9 @@
 // sent AbortRoom (retried until it answers or is lost), and the Receiver
 // sees kFailed only once every source is quiet: it acknowledged the abort,
 // reported (and its staged block's scatter is over), was lost, or never had
-// the page list. From then on no byte of
-// the room lands in its pages; a late success report is refused and never
-// scattered. Staging slots are released at the same moment, not on a timer.
+// the page list. From then on no byte of the room lands in its pages; a late
+// success report is refused and never scattered. Staging slots are released
+// at the same moment, not on a timer.
 //
 // Thread-safety: loop thread only.
 #pragma once
