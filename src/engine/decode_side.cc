@@ -2,6 +2,8 @@
 // state machine. Metadata, staging slots and aborts are in decode_sources.cc.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "engine/decode_side.h"
 #include "log.h"
 
@@ -133,9 +135,6 @@ void DecodeSide::on_deadline(RoomId id) {
     if (s.reported) continue;
     missing += (missing.empty() ? "" : ", ") + describe(s.rank);
   }
-  // Every source reported: what is left are scatters, which end by
-  // themselves (the deadline is for the reports, engine.h).
-  if (room->bound && !room->sources.empty() && missing.empty()) return;
   const auto waited = ctx_.config.timeouts.waiting_for_data.count();
   if (room->bound) {
     return fail(*room, Status::deadline_exceeded(fmt::format(
@@ -176,6 +175,13 @@ void DecodeSide::on_room_status(const proto::RoomStatus& status, AnswerPtr answe
   // Whatever it says, this source writes nothing more for the room.
   source.reported = true;
   source.bytes = status.bytes();
+  // The deadline is for the reports (engine.h): a scatter still to come
+  // ends by itself.
+  if (std::all_of(room->sources.begin(), room->sources.end(),
+                  [](const auto& s) { return s.second.reported; })) {
+    ctx_.loop.cancel(room->deadline);
+    room->deadline = 0;
+  }
   if (!room->handle || room->failure) {
     // Too late: the room failed here (a success after a failure stays a
     // failure), and its pages are not the room's any more once it is quiet.

@@ -126,13 +126,8 @@ Result<bool> DecodeSide::reserve_staging(const DecodeRoom& room, Source& source)
 
 void DecodeSide::start_scatter(DecodeRoom& room, Source& source) {
   Result<TransferPlan> plan = staging_plan(source, *room.metadata);
-  if (!plan.is_ok()) {
-    release_slot(source);
-    return fail(room,
-                plan.status().with_context(fmt::format("room {}: scattering the staged bytes of {}",
-                                                       room.id, describe(source.rank))));
-  }
   source.scattering = true;
+  if (!plan.is_ok()) return on_scattered(room.id, source.key, plan.status());  // ends at once
   ctx_.copy_then(
       EngineContext::Copy::kScatter, std::move(*plan), *source.slot,
       [this, id = room.id, key = source.key](const Status& s) { on_scattered(id, key, s); });
@@ -150,7 +145,7 @@ void DecodeSide::on_scattered(RoomId id, RankKey key, const Status& scattered) {
                                                    describe(source.rank))));
   }
   // A room that failed meanwhile is published failed now (step: check_quiet).
-  source.succeeded = scattered.is_ok() && !room->failure;
+  source.succeeded = !room->failure;
   step(*room);
 }
 

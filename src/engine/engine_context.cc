@@ -23,15 +23,11 @@ void EngineContext::note_staged(RoomHandle* room) {
 
 void EngineContext::copy_then(Copy kind, TransferPlan plan, uint64_t slot,
                               std::function<void(const Status&)> done) {
-  const uint64_t bytes = plan.bytes();
-  std::function<Status()> copy = [&staging = pool_staging, kind, slot,
-                                  plan = std::make_shared<const TransferPlan>(std::move(plan))] {
-    return kind == Copy::kGather ? staging.gather(*plan, slot) : staging.scatter(*plan, slot);
+  const bool on_loop = !pool_staging.copies_off_loop() || plan.bytes() < kCopyOnLoopBytes;
+  auto copy = [&staging = pool_staging, kind, slot, plan = std::move(plan)] {
+    return kind == Copy::kGather ? staging.gather(plan, slot) : staging.scatter(plan, slot);
   };
-  if (!pool_staging.copies_off_loop() || bytes < kCopyOnLoopBytes) {
-    loop.post([copy = std::move(copy), done = std::move(done)] { done(copy()); });
-    return;
-  }
+  if (on_loop) return loop.post([copy = std::move(copy), done = std::move(done)] { done(copy()); });
   // The loop's post hands the copy's bytes over to the loop thread (the
   // queue's lock orders them), as this thread's run() handed the caller's.
   copier.run([&loop = loop, copy = std::move(copy), done = std::move(done)] {

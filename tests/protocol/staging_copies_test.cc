@@ -34,24 +34,28 @@ ClusterSpec staged_spec() {
 constexpr uint64_t kLargePages = 16, kSmallPages = 2;
 
 struct Room {
-  std::unique_ptr<Receiver> receiver;
+  std::vector<std::unique_ptr<Receiver>> receivers;  // one a decode rank
   std::unique_ptr<Sender> sender;
+  Receiver& receiver() const { return *receivers.front(); }
 };
 
-// Opens the room at both ends and sends all of it.
+// Opens the room at the one prefill rank and every decode rank, and sends
+// all of it.
 Room start(Cluster& c, RoomId id, const std::vector<uint64_t>& src,
            const std::vector<uint64_t>& dst) {
   Room r;
-  r.receiver = std::move(c.decode[0]->receiver(id, c.spec().prefill_id)).value();
-  EXPECT_TRUE(r.receiver->init().is_ok());
-  EXPECT_TRUE(r.receiver->send_metadata(dst, 0, {}).is_ok());
+  for (auto& decode : c.decode) {
+    r.receivers.push_back(std::move(decode->receiver(id, c.spec().prefill_id)).value());
+    EXPECT_TRUE(r.receivers.back()->init().is_ok());
+    EXPECT_TRUE(r.receivers.back()->send_metadata(dst, 0, {}).is_ok());
+  }
   r.sender = std::move(c.prefill[0]->sender(id, c.spec().decode_id)).value();
   EXPECT_TRUE(r.sender->init(src.size(), 0, {}).is_ok());
   EXPECT_TRUE(r.sender->send(src, true).is_ok());
   return r;
 }
 
-bool received(const Room& r) { return r.receiver->poll() == PollState::kSuccess; }
+bool received(const Room& r) { return r.receiver().poll() == PollState::kSuccess; }
 
 enum class Copy { kGather, kScatter };
 
@@ -79,6 +83,8 @@ class StagingCopies : public ::testing::Test {
 
   const std::vector<uint64_t> large = first_pages(kLargePages);
   const std::vector<uint64_t> small = first_pages(kSmallPages, 32);
+  // For a next room while room 1's resumed gather still reads `large`.
+  const std::vector<uint64_t> other_pages = first_pages(kLargePages, kLargePages);
   std::unique_ptr<Cluster> cluster;
   std::unique_ptr<PageStall> stall;
   Room held;
@@ -93,11 +99,11 @@ TEST_F(StagingCopies, AGatherHeldInTheMiddleHoldsUpNoOtherRoom) {
   Room other = start(*cluster, 2, small, small);
   EXPECT_TRUE(poll_until([&] { return received(other); }, 10s))
       << "the small room waited for the large room's gather";
-  EXPECT_NE(held.receiver->poll(), PollState::kSuccess) << "succeeded with its gather held";
+  EXPECT_NE(held.receiver().poll(), PollState::kSuccess) << "succeeded with its gather held";
 
   stall->release();
   ASSERT_TRUE(poll_until([&] { return received(held); }, 20s))
-      << held.receiver->failure().to_string();
+      << held.receiver().failure().to_string();
   // The sender succeeds once the decode rank's answer is back, just after.
   EXPECT_TRUE(poll_until([&] { return held.sender->poll() == PollState::kSuccess; }, 10s))
       << held.sender->failure().to_string();
@@ -116,15 +122,14 @@ TEST_F(StagingCopies, ARoomThatFailsDuringItsGatherGivesItsSlotBackAfterwards) {
 
   held.sender->abort("the test gives up on it");
   ASSERT_TRUE(poll_until([&] { return held.sender->poll() == PollState::kFailed; }, 10s));
-  ASSERT_TRUE(poll_until([&] { return held.receiver->poll() == PollState::kFailed; }, 10s));
+  ASSERT_TRUE(poll_until([&] { return held.receiver().poll() == PollState::kFailed; }, 10s));
   held = {};      // both ends let go while the gather is still held
   stall.reset();  // the gather goes on and ends, reading pages 0-15 meanwhile
 
-  const auto other_pages = first_pages(kLargePages, kLargePages);
   cluster->fill(2, other_pages, 0, {});
   Room next = start(*cluster, 2, other_pages, large);
   ASSERT_TRUE(poll_until([&] { return received(next); }, 10s))
-      << "the next room found no staging slot: " << next.receiver->failure().to_string();
+      << "the next room found no staging slot: " << next.receiver().failure().to_string();
   EXPECT_EQ(cluster->verify_pages(2, large, 0), "");
 }
 
@@ -137,44 +142,20 @@ TEST_F(StagingCopies, AFailedRoomWhoseGatherEndsHandsItsSlotOnSafely) {
   ClusterSpec spec = staged_spec();
   spec.decode_tp = 2;
   spec.prefill_staging_bytes = 1 << 20;  // one destination's route of 16 pages
-  cluster = Cluster::start(spec);
-  ASSERT_NE(cluster, nullptr);
-  cluster->fill(1, large, 0, {});
-  stall = std::make_unique<PageStall>(cluster->prefill_memory[0].kv[0].data() + 8192);
-  if (stall->unavailable())
-    GTEST_SKIP() << "no userfaultfd here to hold a copy: " << stall->error();
-  ASSERT_EQ(stall->error(), "");
-  std::vector<std::unique_ptr<Receiver>> receivers;
-  for (auto& decode : cluster->decode) {
-    receivers.push_back(std::move(decode->receiver(1, spec.prefill_id)).value());
-    ASSERT_TRUE(receivers.back()->init().is_ok());
-    ASSERT_TRUE(receivers.back()->send_metadata(large, 0, {}).is_ok());
-  }
-  auto sender = std::move(cluster->prefill[0]->sender(1, spec.decode_id)).value();
-  ASSERT_TRUE(sender->init(large.size(), 0, {}).is_ok());
-  ASSERT_TRUE(sender->send(large, true).is_ok());
-  ASSERT_TRUE(stall->wait_for_touch(10s).has_value()) << "nothing gathered the room within 10 s";
+  ASSERT_NO_FATAL_FAILURE(hold_large_room(spec, Copy::kGather));
+  if (IsSkipped()) return;
 
-  sender->abort("the test gives up on it");
-  ASSERT_TRUE(poll_until([&] { return sender->poll() == PollState::kFailed; }, 10s));
-  for (auto& receiver : receivers) {
+  held.sender->abort("the test gives up on it");
+  ASSERT_TRUE(poll_until([&] { return held.sender->poll() == PollState::kFailed; }, 10s));
+  for (auto& receiver : held.receivers) {
     ASSERT_TRUE(poll_until([&] { return receiver->poll() == PollState::kFailed; }, 10s));
   }
-  receivers.clear();
-  sender.reset();
+  held = {};
   stall.reset();  // the gather ends; the waiting destination wakes
 
-  const auto other_pages = first_pages(kLargePages, kLargePages);
   cluster->fill(2, other_pages, 0, {});
-  for (auto& decode : cluster->decode) {
-    receivers.push_back(std::move(decode->receiver(2, spec.prefill_id)).value());
-    ASSERT_TRUE(receivers.back()->init().is_ok());
-    ASSERT_TRUE(receivers.back()->send_metadata(large, 0, {}).is_ok());
-  }
-  sender = std::move(cluster->prefill[0]->sender(2, spec.decode_id)).value();
-  ASSERT_TRUE(sender->init(other_pages.size(), 0, {}).is_ok());
-  ASSERT_TRUE(sender->send(other_pages, true).is_ok());
-  for (auto& receiver : receivers) {
+  Room next = start(*cluster, 2, other_pages, large);
+  for (auto& receiver : next.receivers) {
     ASSERT_TRUE(poll_until([&] { return receiver->poll() == PollState::kSuccess; }, 20s))
         << receiver->failure().to_string();
   }
@@ -188,17 +169,17 @@ TEST_F(StagingCopies, ADecodeRoomIsPublishedFailedOnlyOnceItsScatterIsOver) {
 
   // The abort reaches the decode loop before anything of the next room
   // does: once that room succeeded, the abort has been handled.
-  held.receiver->abort("the test gives up on it");
+  held.receiver().abort("the test gives up on it");
   Room other = start(*cluster, 2, small, small);
   EXPECT_TRUE(poll_until([&] { return received(other); }, 10s))
       << "the small room waited for the large room's scatter";
-  EXPECT_NE(held.receiver->poll(), PollState::kFailed)
+  EXPECT_NE(held.receiver().poll(), PollState::kFailed)
       << "published failed while its scatter still writes into its pages";
 
   stall->release();
-  ASSERT_TRUE(poll_until([&] { return held.receiver->poll() == PollState::kFailed; }, 20s));
-  EXPECT_NE(held.receiver->failure().message().find("the test gives up on it"), std::string::npos)
-      << held.receiver->failure().to_string();
+  ASSERT_TRUE(poll_until([&] { return held.receiver().poll() == PollState::kFailed; }, 20s));
+  EXPECT_NE(held.receiver().failure().message().find("the test gives up on it"), std::string::npos)
+      << held.receiver().failure().to_string();
   // The scatter ran to its end before the failure was published.
   EXPECT_EQ(cluster->verify_pages(1, large, 0), "");
   EXPECT_EQ(cluster->verify_pages(2, small, 0), "");
