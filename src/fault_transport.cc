@@ -85,6 +85,9 @@ class FaultInjectingTransport final : public Transport {
   }
 
   std::vector<std::string> take_notifications() override { return real_->take_notifications(); }
+  void set_notification_callback(EventCallback callback) override {
+    real_->set_notification_callback(std::move(callback));
+  }
   void acquire_remote_writes() override { real_->acquire_remote_writes(); }
   void release_to_peers() override { real_->release_to_peers(); }
   void set_peer_failure_callback(PeerFailureCallback callback) override {
@@ -173,7 +176,9 @@ class FaultInjectingTransport final : public Transport {
   Result<BatchId> hand_over(const Batch& b) {
     if (b.ops.empty()) return BatchId{0};  // nothing moves: "done" at once
     if (b.kind == Kind::kRead) return real_->read(b.peer, b.ops);
-    if (b.kind == Kind::kWriteNotify && b.fate != Fate::kFail) {
+    // A batch that fails or stalls never completes, and a notification is
+    // its completion at the peer: it is not sent.
+    if (b.kind == Kind::kWriteNotify && b.fate == Fate::kFine) {
       return real_->write_and_notify(b.peer, b.ops, b.notification);
     }
     return real_->write(b.peer, b.ops);

@@ -18,11 +18,11 @@
 #include <shared_mutex>
 #include <vector>
 
-#include "batch_end_signal.h"
 #include "event_loop.h"
 #include "frame_io.h"
 #include "shared_pool.h"
 #include "transfer_engine.h"
+#include "transport_signal.h"
 
 namespace pdkv::backends::mooncake {
 
@@ -311,7 +311,8 @@ struct TransferEngine::Impl {
   FailureCallback on_failure;
   // Marked under mu as batches end or fail; announced by the loop thread
   // that did it once mu is released (complete, fail, fail_request).
-  BatchEndSignal batch_ends;
+  TransportSignal batch_ends;
+  TransportSignal notes_arrived;  // deliver_notification marks and announces
   BatchId next_batch = 1;
   SegmentHandle next_segment = 1;
 
@@ -340,9 +341,14 @@ struct TransferEngine::Impl {
   // (a slice of a failed batch is dropped, never retried).
   bool wanted(const Slice& slice);
   void segment_failed(SegmentHandle segment, const Status& reason);
+  // From a loop thread, which holds none of our locks.
   void deliver_notification(std::string message) {
-    std::lock_guard lock(mu);
-    notifications.push_back(std::move(message));
+    {
+      std::lock_guard lock(mu);
+      notifications.push_back(std::move(message));
+      notes_arrived.mark();
+    }
+    notes_arrived.announce();
   }
 };
 

@@ -5,6 +5,7 @@
 
 #include "pdkv/transport.h"
 #include "transfer_engine.h"
+#include "wire.h"
 
 namespace pdkv::backends::mooncake {
 namespace {
@@ -90,6 +91,9 @@ namespace {
 // under 1 us.
 constexpr uint64_t kTcpWriteOverhead = 262144;
 constexpr uint64_t kSameHostWriteOverhead = 8192;
+
+static_assert(wire::kMaxNotifyPayload >= Transport::kMaxNotificationBytes,
+              "a NOTIFY frame carries any notification the engine sends");
 
 class MooncakeTransport final : public Transport {
  public:
@@ -177,8 +181,11 @@ class MooncakeTransport final : public Transport {
   void acquire_remote_writes() override { engine_->acquire_inbound_writes(); }
   void release_to_peers() override { engine_->release_to_peers(); }
 
-  void set_batch_end_callback(BatchEndCallback callback) override {
+  void set_batch_end_callback(EventCallback callback) override {
     engine_->set_batch_end_callback(std::move(callback));
+  }
+  void set_notification_callback(EventCallback callback) override {
+    engine_->set_notification_callback(std::move(callback));
   }
   void set_peer_failure_callback(PeerFailureCallback callback) override {
     engine_->set_segment_failure_callback(std::move(callback));

@@ -379,6 +379,10 @@ void TransferEngine::set_batch_end_callback(std::function<void()> callback) {
   impl_->batch_ends.set(std::move(callback));
 }
 
+void TransferEngine::set_notification_callback(std::function<void()> callback) {
+  impl_->notes_arrived.set(std::move(callback));
+}
+
 void TransferEngine::set_segment_failure_callback(FailureCallback callback) {
   std::lock_guard lock(impl_->mu);
   impl_->on_failure = std::move(callback);

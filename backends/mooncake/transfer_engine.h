@@ -101,6 +101,8 @@ class TransferEngine {
   // Called on an I/O thread, with no lock of the engine held, after a batch
   // completed or a request of one failed (Transport::set_batch_end_callback).
   void set_batch_end_callback(std::function<void()> callback);
+  // Runs soon after notifications arrive (Transport::set_notification_callback).
+  void set_notification_callback(std::function<void()> callback);
 
   Result<BatchId> allocate_batch_id(size_t batch_size);
   // Requests are numbered in submission order across calls, up to batch_size.

@@ -26,12 +26,12 @@
 #include <thread>
 #include <vector>
 
-#include "batch_end_signal.h"
 #include "drain_deadline.h"
 #include "fabric_endpoint.h"
 #include "io_engine.h"
 #include "peer_process.h"
 #include "progress_thread.h"
+#include "transport_signal.h"
 
 namespace pdkv::backends::mori {
 
@@ -123,7 +123,7 @@ struct IoEngine::Impl {
   PeerFailures<std::string> failures{thread};
   // Marked (mu held) as transfers end or fail, announced by the progress
   // thread after each pass, holding no lock.
-  BatchEndSignal batch_ends;
+  TransportSignal batch_ends;
 
   // Fixed once the engine runs; their provider objects are used on the
   // progress thread only (FI_THREAD_DOMAIN), with round_mu or no lock held.

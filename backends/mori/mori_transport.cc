@@ -179,7 +179,7 @@ class MoriTransport final : public Transport {
 
   // A batch ends when its last transfer does: each transfer that ends is
   // announced, and the caller's poll tells the rest.
-  void set_batch_end_callback(BatchEndCallback callback) override {
+  void set_batch_end_callback(EventCallback callback) override {
     engine_->set_batch_end_callback(std::move(callback));
   }
   void set_peer_failure_callback(PeerFailureCallback callback) override {

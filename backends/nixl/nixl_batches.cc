@@ -9,9 +9,9 @@ namespace pdkv::backends::nixl {
 
 Result<BatchId> NixlTransport::submit(PeerId peer_id, std::span<const WriteOp> ops,
                                       std::string_view notification, Direction direction) {
-  if (notification.size() > kMaxNotification) {
+  if (notification.size() > kMaxNotificationBytes) {
     return Status::invalid_argument(fmt::format("nixl notification of {} bytes exceeds {}",
-                                                notification.size(), kMaxNotification));
+                                                notification.size(), kMaxNotificationBytes));
   }
   BatchId id;
   {
@@ -66,6 +66,7 @@ bool NixlTransport::progress() {
   auto sent = std::exchange(messages_sent_, {});
   for (Pending* p : sent) message_sent(p);
   if (!closing_.empty()) finish_closes(/*all=*/false);
+  notes_arrived_.announce();
   return events > 0 || !errored.empty() || !flushes.empty() || !notes.empty() || !answers.empty() ||
          !sent.empty();
 }
@@ -361,6 +362,7 @@ ucs_status_t NixlTransport::on_notification(void* arg, const void*, size_t, void
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;  // never sent: eager only
   std::lock_guard lock(self->mu_);
   self->notifications_.emplace_back(static_cast<const char*>(data), length);
+  self->notes_arrived_.mark();
   return UCS_OK;
 }
 

@@ -247,6 +247,7 @@ ucs_status_t NixlTransport::on_end(void* arg, const void* header, size_t header_
   if (outcome == kLanded && h.notify != 0) {
     std::lock_guard lock(self->mu_);
     self->notifications_.emplace_back(static_cast<const char*>(data), length);
+    self->notes_arrived_.mark();
   }
   self->answer(reply_ep, h.batch, outcome, source.generation);
   return UCS_OK;

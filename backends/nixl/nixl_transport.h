@@ -64,10 +64,10 @@
 #include <string>
 #include <vector>
 
-#include "batch_end_signal.h"
 #include "drain_deadline.h"
 #include "pdkv/transport.h"
 #include "progress_thread.h"
+#include "transport_signal.h"
 
 namespace pdkv::backends::nixl {
 
@@ -110,8 +110,11 @@ class NixlTransport final : public Transport {
   }
   BatchStatus poll(BatchId batch) override;
   std::vector<std::string> take_notifications() override;
-  void set_batch_end_callback(BatchEndCallback callback) override {
+  void set_batch_end_callback(EventCallback callback) override {
     batch_ends_.set(std::move(callback));
+  }
+  void set_notification_callback(EventCallback callback) override {
+    notes_arrived_.set(std::move(callback));
   }
   void set_peer_failure_callback(PeerFailureCallback callback) override;
   void fail_peer(PeerId peer, const Status& reason) override;
@@ -139,7 +142,6 @@ class NixlTransport final : public Transport {
   static constexpr unsigned kDataAmId = 0x7e, kEndAmId = 0x7f, kAnswerAmId = 0x80;
   // The message path's largest message: above it an op is split.
   static constexpr uint64_t kMessageChunk = 64 << 10;
-  static constexpr size_t kMaxNotification = 512;
   static constexpr int kProgressCallsPerPass = 16;
 
   enum class DataPath { kPut, kMessage };
@@ -320,7 +322,10 @@ class NixlTransport final : public Transport {
 
   ProgressThread thread_{"nixl progress thread"};
   PeerFailures<PeerId> failures_{thread_};
-  BatchEndSignal batch_ends_;  // end_batch marks and announces
+  TransportSignal batch_ends_;  // end_batch marks and announces
+  // The AM handlers mark when they queue a notification; progress()
+  // announces after its pass, once UCX has returned.
+  TransportSignal notes_arrived_;
 
   mutable std::mutex mu_;
   std::vector<LocalRegion> regions_;

@@ -24,6 +24,13 @@
 // control connection (a Watch stream plus gRPC keepalive), and every open
 // room tied to it fails with a reason naming it.
 //
+// On the prefill side, kFailed is published at once, except while the
+// room's last batch to a decode rank carries its success notice (docs/
+// protocol.md, "Success over the data plane"): then once that batch ended,
+// so that pages it reads are not reused under it. Keep a Sender's pages and
+// slots as they are until poll() says Success or Failed; destroying the
+// Sender earlier leaves its writes reading them.
+//
 // On the decode side, kFailed means more than "this room will not succeed":
 // it is reported only once no source can write into the room's pages any
 // more (each has acknowledged the abort, reported, or is dead), so that the
@@ -147,6 +154,9 @@ struct EngineStats {
   uint64_t loop_tasks = 0;         // events the engine's loop handled
   uint64_t room_steps = 0;         // times a room's state machine ran: follows events, not rooms
   uint64_t engine_threads = 0;     // threads the engine started itself (a constant)
+  // Decode: sources whose success was taken from a notice over the data
+  // plane, before their RoomStatus call (docs/protocol.md).
+  uint64_t notified_reports = 0;
 };
 
 // What one room moved, as SGLang's get_transfer_metric reports it.

@@ -178,13 +178,16 @@ class Transport {
   virtual BatchStatus poll(BatchId batch) = 0;
 
   // As write(), then, once the bytes are visible at the peer, delivers
-  // `notification` (a few hundred bytes at most) to it, where
-  // take_notifications() returns it. Only with capabilities().notifications.
+  // `notification` (kMaxNotificationBytes at most) to it, where
+  // take_notifications() returns it. A batch that fails delivers it only if
+  // its bytes all landed first. `ops` may be empty (a notification alone).
+  // Only with capabilities().notifications.
   virtual Result<BatchId> write_and_notify(PeerId peer, std::span<const WriteOp> ops,
                                            std::string_view notification) {
     (void)peer, (void)ops, (void)notification;
     return Status::failed_precondition(std::string(name()) + " has no notifications");
   }
+  static constexpr size_t kMaxNotificationBytes = 512;
   // Notifications received since the last call, in arrival order.
   virtual std::vector<std::string> take_notifications() { return {}; }
 
@@ -206,8 +209,14 @@ class Transport {
   // when none ended. A batch that ends by time alone (a failed batch whose
   // drain ran out, a timeout found by poll()) may go unannounced: the caller
   // still polls, rarely. Set once, before the first write.
-  using BatchEndCallback = std::function<void()>;
-  virtual void set_batch_end_callback(BatchEndCallback callback) { (void)callback; }
+  using EventCallback = std::function<void()>;
+  virtual void set_batch_end_callback(EventCallback callback) { (void)callback; }
+  // Only with capabilities().notifications, and every such backend calls it:
+  // `callback` runs, as the batch-end callback does (one of the transport's
+  // threads, none of its locks held), soon after notifications arrive, so
+  // that the caller takes them then. It may run when none did. Set once,
+  // before any peer connects.
+  virtual void set_notification_callback(EventCallback callback) { (void)callback; }
 
   // Called once per peer that fails, whether the backend detected it or the
   // protocol layer reported it through fail_peer.

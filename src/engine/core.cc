@@ -22,6 +22,14 @@ EngineCore::~EngineCore() { shutdown(); }
 void EngineCore::shutdown() {
   if (stopped_.exchange(true)) return;
   if (ctx_) {
+    // 0. A source whose success a decode room took from its notice still
+    // confirms it by a call, which its Sender waits for: such calls get
+    // kFarewell to arrive (a decode worker stops as soon as its rooms
+    // succeeded), or those Senders would fail transfers that fully arrived.
+    auto confirmed = std::make_shared<std::promise<void>>();
+    loop_.post(
+        [this, confirmed] { decode_->when_confirmed([confirmed] { confirmed->set_value(); }); });
+    (void)confirmed->get_future().wait_for(kFarewell);
     // 1. Every room fails; peers are told (failure reports, aborts).
     const Status reason = Status::aborted(fmt::format("engine {} shut down", describe(self_)));
     // Waited for, and then the tasks it posted (a link sends its reports
@@ -82,6 +90,7 @@ EngineStats EngineCore::stats() const {
   s.peers = counters_.peers;
   s.loop_tasks = loop_.tasks_run() + loop_.timers_fired();
   s.room_steps = counters_.room_steps;
+  s.notified_reports = counters_.notified_reports;
   s.engine_threads = 1 + connector_.threads() + copier_.threads();
   return s;
 }

@@ -14,6 +14,7 @@ struct Counters {
   std::atomic<uint64_t> rooms{0};
   std::atomic<uint64_t> peers{0};
   std::atomic<uint64_t> room_steps{0};
+  std::atomic<uint64_t> notified_reports{0};
 };
 
 }  // namespace pdkv::engine

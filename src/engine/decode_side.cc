@@ -147,73 +147,6 @@ void DecodeSide::on_deadline(RoomId id) {
            last.empty() ? "" : " (the bootstrap service's last answer: " + last + ")")));
 }
 
-void DecodeSide::on_room_status(const proto::RoomStatus& status, AnswerPtr answer) {
-  const RoomId id = status.room();
-  DecodeRoom* room = find(id);
-  const Status closed =
-      Status::failed_precondition(fmt::format("room {} is closed on {}", id, describe(ctx_.self)));
-  if (room == nullptr) {
-    if (ctx_.directory.closed_before(id)) return answer->send(closed);
-    return answer->send(
-        Status::not_found(fmt::format("room {} is not open on {}", id, describe(ctx_.self))));
-  }
-  const auto& from = status.prefill();
-  auto found = room->sources.find({from.tp_rank(), from.pp_rank()});
-  if (found == room->sources.end() || from.engine_id() != room->engine.first ||
-      from.incarnation() != found->second.rank.incarnation()) {
-    return answer->send(Status::invalid_argument(
-        fmt::format("room {}: {} is not a source of {}", id, describe(from), describe(ctx_.self))));
-  }
-  Source& source = found->second;
-  if (source.reported && room->handle && !room->failure) {
-    // A source reports once. A second report (a peer's bug) changes
-    // nothing: a second scatter would read the slot the first one frees.
-    // (One on a failed room is answered below, as any late report is.)
-    return answer->send(Status::failed_precondition(
-        fmt::format("room {}: {} reported already", id, describe(source.rank))));
-  }
-  // Whatever it says, this source writes nothing more for the room.
-  source.reported = true;
-  source.bytes = status.bytes();
-  // The deadline is for the reports (engine.h): a scatter still to come
-  // ends by itself.
-  if (std::all_of(room->sources.begin(), room->sources.end(),
-                  [](const auto& s) { return s.second.reported; })) {
-    ctx_.loop.cancel(room->deadline);
-    room->deadline = 0;
-  }
-  if (!room->handle || room->failure) {
-    // Too late: the room failed here (a success after a failure stays a
-    // failure), and its pages are not the room's any more once it is quiet.
-    // Nothing is scattered.
-    answer->send(!room->handle ? closed
-                               : Status::failed_precondition(
-                                     fmt::format("room {} failed on {} already: {}", id,
-                                                 describe(ctx_.self), room->failure->message())));
-    return check_quiet(*room);
-  }
-  if (!status.success()) {
-    // Bytes of a batch the source gave up on may trail: dropped before the
-    // room's pages are given back.
-    if (status.writes_cut()) ctx_.peers.fence_inbound(source.peer, status.cut_connection());
-    answer->send(Status::ok());
-    const auto code = static_cast<StatusCode>(status.code());
-    return fail(*room, Status(code == StatusCode::kOk ? StatusCode::kInternal : code,
-                              fmt::format("{} failed room {}: {}", describe(source.rank), id,
-                                          status.reason())));
-  }
-  // The report is taken: the source hears so before the scatter below, a
-  // copy of gigabytes for a long request that must not run out the
-  // source's call (a 32k request's reply waited 20 s on it here).
-  answer->send(Status::ok());
-  // The report says the source's bytes are here (staged or in place): make
-  // them visible to this thread and, through the room's state, to the caller.
-  ctx_.transport.acquire_remote_writes();
-  if (source.slot && room->metadata) return start_scatter(*room, source);
-  source.succeeded = true;
-  step(*room);
-}
-
 void DecodeSide::step(DecodeRoom& room) {
   ++ctx_.counters.room_steps;
   if (room.failure) return check_quiet(room);
@@ -277,6 +210,10 @@ void DecodeSide::check_quiet(DecodeRoom& room) {
 void DecodeSide::maybe_erase(DecodeRoom& room) {
   const bool ended = room.succeeded || room.published_failure;
   if (room.handle || !ended || room.lookup_pending) return;
+  // A source's confirmation must find the room that took its notice.
+  for (const auto& [key, s] : room.sources) {
+    if (s.confirm_due) return;
+  }
   for (auto& [key, s] : room.sources) {
     release_slot(s);
     ctx_.peers.detach(s.peer, room.id);
@@ -294,7 +231,8 @@ bool DecodeSide::on_link_lost(RoomId id, const std::string& peer, const Status& 
   bool owed = false;
   for (auto& [key, s] : room->sources) {
     if (s.peer != peer) continue;
-    s.lost = true;  // quiet: a dead peer writes nothing, a cut-off one is fenced
+    s.lost = true;            // quiet: a dead peer writes nothing, a cut-off one is fenced
+    confirmation_settled(s);  // never comes
     owed |= !s.reported;
   }
   if (owed) {
@@ -304,6 +242,8 @@ bool DecodeSide::on_link_lost(RoomId id, const std::string& peer, const Status& 
     fail(*room, reason);
   } else {
     check_quiet(*room);
+    // A confirmation it owed will not come.
+    if ((room = find(id))) maybe_erase(*room);
   }
   return owed;
 }

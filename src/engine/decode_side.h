@@ -4,8 +4,11 @@
 // A room (DecodeRoom) is fed by its sources (the prefill ranks the transfer
 // map names for this rank). For each source:
 //   metadata sent (with a staging slot when the route is staged) ->
-//   accepted -> RoomStatus(Success): bytes visible (a staged block is
-//   scattered first, on a copy thread when it is large).
+//   accepted -> success: bytes visible (a staged block is scattered first,
+//   on a copy thread when it is large).
+// A source reports success by a RoomStatus call, or first by a notice that
+// its last batch carries over the data plane (decode_reports.cc); the call
+// then follows as its confirmation, and the room is kept until it came.
 // The room succeeds when every source reported success.
 //
 // Failure (an abort, a timeout, a source's failure, a lost source, closing
@@ -21,6 +24,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,13 +47,18 @@ class DecodeSide {
   void abort(RoomId room, const std::string& reason);
   void close(RoomId room);
 
-  // Reports from sources.
+  // Reports from sources: calls, and the transport's notifications (taken
+  // when it says some arrived).
   void on_room_status(const proto::RoomStatus& status, AnswerPtr answer);
+  void take_notices();
 
   // PeerRegistry's hook.
   // True when the room still needed the peer (it fails).
   bool on_link_lost(RoomId room, const std::string& peer, const Status& reason);
 
+  // Shutdown, first: `done` runs, on the loop, once no source's confirmation
+  // of a success taken from its notice is due any more (at once if none is).
+  void when_confirmed(std::function<void()> done);
   // Fails every room with `reason` and tells its sources (the engine is going).
   void shutdown(const Status& reason);
   // Publishes kFailed for the rooms whose sources did not answer in time.
@@ -71,6 +80,9 @@ class DecodeSide {
     } info = Info::kNotSent;
     bool reported = false;  // success or failure: it writes nothing more
     bool succeeded = false;
+    // Its success came as a notice over the data plane; its RoomStatus call,
+    // the confirmation its Sender waits for, has not come yet.
+    bool confirm_due = false;
     uint64_t bytes = 0;
     std::optional<uint64_t> slot;  // our staging slot for its block
     uint64_t slot_bytes = 0;
@@ -121,6 +133,13 @@ class DecodeSide {
   void on_deadline(RoomId room);
   void succeed(DecodeRoom& room);
 
+  // decode_reports.cc: reports, by call or by notice.
+  Source* source_of(DecodeRoom& room, const proto::RankRef& from);
+  void on_success_notice(const proto::RoomStatus& status);
+  void note_report(DecodeRoom& room, Source& source, uint64_t bytes);
+  void take_success(DecodeRoom& room, Source& source);
+  void confirmation_settled(Source& source);  // came, or never will
+
   // decode_sources.cc: metadata, staging slots, aborts.
   void send_infos(DecodeRoom& room);
   void on_info_reply(RoomId room, RankKey source, const grpc::Status& s);
@@ -144,6 +163,8 @@ class DecodeSide {
   EngineContext& ctx_;
   std::unordered_map<RoomId, DecodeRoom> rooms_;
   std::deque<RoomId> slot_waiters_;  // rooms with a source waiting for a staging slot
+  uint64_t confirmations_due_ = 0;   // sources with confirm_due set
+  std::function<void()> on_all_confirmed_;
 };
 
 }  // namespace pdkv::engine

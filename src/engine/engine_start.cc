@@ -66,6 +66,21 @@ Status check_pools(const EngineConfig& c, const RankShard& shard, const PoolSize
   return Status::ok();
 }
 
+// A transport's event callback (a batch ended, a notification arrived) that
+// runs `task` on the loop. One task waits there at a time: events while it
+// waits add nothing (it looks at every batch, or takes every notification),
+// and one after it started posts another.
+Transport::EventCallback post_once(std::shared_ptr<LoopInbox> inbox, std::function<void()> task) {
+  return [inbox = std::move(inbox), task = std::make_shared<const std::function<void()>>(task),
+          queued = std::make_shared<std::atomic<bool>>(false)] {
+    if (queued->exchange(true)) return;
+    inbox->post([task, queued] {
+      queued->store(false);
+      (*task)();
+    });
+  };
+}
+
 }  // namespace
 
 Result<std::shared_ptr<EngineCore>> EngineCore::start(EngineConfig config,
@@ -280,18 +295,16 @@ void EngineCore::build_machinery() {
       [inbox = transport_inbox_, peers = peers_.get()](PeerId peer, const Status& reason) {
         inbox->post([peers, peer, reason] { peers->on_transport_failed(peer, reason); });
       });
-  // Batch ends, where the transport announces them, are polled at once. One
-  // poll waits on the loop at a time: announcements while it waits add
-  // nothing (it polls every batch), and one after it started posts another.
+  // Batch ends, where the transport announces them, are polled at once;
+  // notifications (a source's success notice, decode_reports.cc) are taken
+  // at once.
   if (transport_->capabilities().batch_end_events) {
-    transport_->set_batch_end_callback([inbox = transport_inbox_, prefill = prefill_.get(),
-                                        queued = std::make_shared<std::atomic<bool>>(false)] {
-      if (queued->exchange(true)) return;
-      inbox->post([prefill, queued] {
-        queued->store(false);
-        prefill->on_batch_end_event();
-      });
-    });
+    transport_->set_batch_end_callback(
+        post_once(transport_inbox_, [prefill = prefill_.get()] { prefill->on_batch_end_event(); }));
+  }
+  if (transport_->capabilities().notifications) {
+    transport_->set_notification_callback(
+        post_once(transport_inbox_, [decode = decode_.get()] { decode->take_notices(); }));
   }
   loop_.start();
   service_.open(this);

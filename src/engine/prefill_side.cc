@@ -8,7 +8,10 @@
 
 namespace pdkv::engine {
 
-PrefillSide::PrefillSide(EngineContext& ctx) : ctx_(ctx), batches_(ctx.loop, ctx.transport) {}
+PrefillSide::PrefillSide(EngineContext& ctx)
+    : ctx_(ctx),
+      batches_(ctx.loop, ctx.transport),
+      notices_(ctx.transport.capabilities().notifications) {}
 
 PrefillSide::PrefillRoom* PrefillSide::find(RoomId room) {
   auto it = rooms_.find(room);
@@ -257,7 +260,7 @@ void PrefillSide::fail(PrefillRoom& room, const Status& reason) {
   room.failure = reason;
   logger("engine")->warn("room {} failed: {}", room.id, reason.message());
   if (room.handle || room.closed) cancel_deadline(room);  // an orphan keeps its failure a while
-  ctx_.fail(room.handle.get(), reason);
+  publish_failure(room);
   for (auto& [info, answer] : room.early_infos) answer->send(reason);
   room.early_infos.clear();
   for (auto& [key, dest] : room.dests) {
@@ -270,8 +273,18 @@ void PrefillSide::fail(PrefillRoom& room, const Status& reason) {
   drive_failure(room);
 }
 
+void PrefillSide::publish_failure(PrefillRoom& room) {
+  if (room.failure_published || !room.failure) return;
+  for (const auto& [key, dest] : room.dests) {
+    if (dest.carries_notice) return;
+  }
+  room.failure_published = true;
+  ctx_.fail(room.handle.get(), *room.failure);
+}
+
 void PrefillSide::drive_failure(PrefillRoom& room) {
   ++ctx_.counters.room_steps;
+  publish_failure(room);
   bool draining = false;
   for (auto& [key, dest] : room.dests) {
     if (dest.batches > 0) {
@@ -359,6 +372,10 @@ void PrefillSide::give_up() {
   giving_up_ = true;
   const Status why = Status::unavailable(fmt::format("{} is shutting down", describe(ctx_.self)));
   for (auto& [id, room] : rooms_) {
+    if (room.failure && !room.failure_published) {
+      room.failure_published = true;  // the engine goes, and its transport with it
+      ctx_.fail(room.handle.get(), *room.failure);
+    }
     for (auto& [info, answer] : room.early_infos) answer->send(why);
     room.early_infos.clear();
     for (auto& [key, dest] : room.dests) {

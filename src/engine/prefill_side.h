@@ -9,9 +9,16 @@
 //   rank reserved a staging slot, one block gathered at the last chunk, on
 //   a copy thread when it is large) -> every batch done ->
 //   RoomStatus(Success) -> acknowledged.
+// Where the transport has notifications, the last batch to a destination
+// (when no other is in flight) also carries the success report, which the
+// transport delivers once its bytes are visible there, so that the decode
+// rank need not wait for the call; the call still decides the acknowledgement.
 // The room succeeds when every destination acknowledged.
 //
-// Failure: the first reason wins; the Sender sees kFailed at once. Each
+// Failure: the first reason wins; the Sender sees kFailed at once, unless a
+// batch that carries a success notice is in flight: then once it ended, so
+// that the application does not reuse the pages it reads (a notice that
+// lands says the bytes are the room's). Each
 // destination then hears RoomStatus(Failed) (unless it aborted) only once
 // none of the room's batches to it is in flight, and an abort is answered
 // at the same moment: a decode rank never learns of a failure while bytes
@@ -75,7 +82,8 @@ class PrefillSide {
     uint64_t pages_written = 0;  // of the pages after the decode prefix
     bool extras_written = false;
     uint64_t bytes = 0;
-    uint32_t batches = 0;  // in flight
+    uint32_t batches = 0;         // in flight
+    bool carries_notice = false;  // the batch in flight carries our success notice
     std::optional<uint64_t> gather_slot;
     bool waiting_for_gather = false;  // for room in the staging pool
     bool gathering = false;           // a copy fills the slot: it and the room are kept
@@ -117,6 +125,7 @@ class PrefillSide {
     bool last = false;
     // Outcome.
     std::optional<Status> failure;
+    bool failure_published = false;  // the Sender sees it (publish_failure)
     bool succeeded = false;
     // One deadline at a time: waiting for data (or, opened by a message, for
     // a Sender), then for the transfer once the last chunk is in.
@@ -158,6 +167,8 @@ class PrefillSide {
   void step(PrefillRoom& room);
   void fail(PrefillRoom& room, const Status& reason);
   void drive_failure(PrefillRoom& room);
+  // The Sender sees the failure once no batch carrying a notice reads its pages.
+  void publish_failure(PrefillRoom& room);
   void maybe_erase(PrefillRoom& room);
 
   // prefill_writes.cc: writes, batches, gathers and reports.
@@ -172,6 +183,9 @@ class PrefillSide {
   void on_batch_end(RoomId room, RankKey dest, PeerId connection, const BatchStatus& status);
   void release_gather(Destination& dest);
   void wake_gather_waiters();
+  // The RoomStatus of `dest`'s part, as its call or its notice sends it.
+  proto::RoomStatus status_of(const PrefillRoom& room, const Destination& dest,
+                              const Status& outcome) const;
   void report(PrefillRoom& room, Destination& dest, const Status& outcome);
   void on_notice_reply(PrefillRoom& room, Destination& dest, const grpc::Status& s);
   static constexpr uint32_t kNoticeTries = 3;
@@ -183,7 +197,8 @@ class PrefillSide {
   std::unordered_map<RoomId, PrefillRoom> rooms_;
   std::deque<std::pair<RoomId, RankKey>> gather_waiters_;  // for room in the staging pool
   bool giving_up_ = false;
-  uint32_t early_rooms_ = 0;  // rooms with `early` set
+  const bool notices_ = false;  // the transport has notifications: success travels with the bytes
+  uint32_t early_rooms_ = 0;    // rooms with `early` set
 };
 
 }  // namespace pdkv::engine

@@ -39,12 +39,26 @@ Status PrefillSide::post_writes(PrefillRoom& room, Destination& dest) {
   }
   dest.pages_written = available;
   if (ops.empty()) return Status::ok();
-  auto batch = ctx_.transport.write(*wire, ops);
+  uint64_t batch_bytes = 0;
+  for (const WriteOp& op : ops) batch_bytes += op.length;
+  // The last batch, with no other in flight to that rank, tells it of the
+  // success itself once its bytes are there (docs/protocol.md, "Success over
+  // the data plane"). A notice too large for the transport is not sent.
+  std::string notice;
+  if (notices_ && extras_due && dest.batches == 0) {
+    proto::RoomStatus success = status_of(room, dest, Status::ok());
+    success.set_bytes(dest.bytes + batch_bytes);
+    notice = success.SerializeAsString();
+    if (notice.size() > Transport::kMaxNotificationBytes) notice.clear();
+  }
+  auto batch = notice.empty() ? ctx_.transport.write(*wire, ops)
+                              : ctx_.transport.write_and_notify(*wire, ops, notice);
   if (!batch.is_ok()) {
     return batch.status().with_context(
         fmt::format("room {}: write to {}", room.id, describe(dest.rank)));
   }
-  for (const WriteOp& op : ops) dest.bytes += op.length;
+  dest.bytes += batch_bytes;
+  dest.carries_notice = !notice.empty();
   ++dest.batches;
   ++ctx_.counters.batches_in_flight;
   if (!room.first_post) room.first_post = Clock::now();
@@ -187,6 +201,7 @@ void PrefillSide::on_batch_end(RoomId id, RankKey key, PeerId connection,
   if (room == nullptr) return;  // never: a room with batches in flight is kept
   Destination& dest = room->dests.at(key);
   --dest.batches;
+  if (dest.batches == 0) dest.carries_notice = false;
   // The gathered block has left: its slot is free again.
   if (dest.batches == 0 && dest.extras_written) release_gather(dest);
   if (status.state == BatchState::kFailed) {
@@ -222,6 +237,23 @@ void PrefillSide::wake_gather_waiters() {
   }
 }
 
+proto::RoomStatus PrefillSide::status_of(const PrefillRoom& room, const Destination& dest,
+                                         const Status& outcome) const {
+  proto::RoomStatus msg;
+  msg.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  msg.set_room(room.id);
+  *msg.mutable_prefill() = ctx_.self_ref();
+  msg.set_success(outcome.is_ok());
+  msg.set_reason(outcome.message());
+  msg.set_code(static_cast<uint32_t>(outcome.code()));
+  msg.set_bytes(dest.bytes);
+  if (!outcome.is_ok() && dest.cut_connection) {
+    msg.set_writes_cut(true);
+    msg.set_cut_connection(*dest.cut_connection);
+  }
+  return msg;
+}
+
 void PrefillSide::report(PrefillRoom& room, Destination& dest, const Status& outcome) {
   using Report = Destination::Report;
   const bool success = outcome.is_ok();
@@ -236,18 +268,7 @@ void PrefillSide::report(PrefillRoom& room, Destination& dest, const Status& out
     return fail(room, Status::internal(fmt::format("room {}: no control link to {}", room.id,
                                                    describe(dest.rank))));
   }
-  proto::RoomStatus msg;
-  msg.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  msg.set_room(room.id);
-  *msg.mutable_prefill() = ctx_.self_ref();
-  msg.set_success(success);
-  msg.set_reason(outcome.message());
-  msg.set_code(static_cast<uint32_t>(outcome.code()));
-  msg.set_bytes(dest.bytes);
-  if (!success && dest.cut_connection) {
-    msg.set_writes_cut(true);
-    msg.set_cut_connection(*dest.cut_connection);
-  }
+  proto::RoomStatus msg = status_of(room, dest, outcome);
   const RoomId id = room.id;
   const RankKey key = dest.key;
   if (!success) ++dest.notice_tries;

@@ -152,7 +152,7 @@ TEST_F(BadInput, OtherProtocolVersion) {
   const grpc::Status s = send_info(0, 0, 100, first_pages(2), 7);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(s.error_message(),
-            "peer speaks pdkv protocol version 7, this process speaks version 3");
+            "peer speaks pdkv protocol version 7, this process speaks version 4");
 }
 
 TEST_F(BadInput, ClosedRoomIsNeverResurrected) {
@@ -199,7 +199,7 @@ TEST_F(BadInput, ReportsInOneCallAreAnsweredEachOnItsOwn) {
       {grpc::StatusCode::INVALID_ARGUMENT,
        "room 301: prefill dp 0 tp 2 pp 0 is not a source of decode dp 0 tp 0 pp 0"},
       {grpc::StatusCode::FAILED_PRECONDITION,
-       "peer speaks pdkv protocol version 7, this process speaks version 3"},
+       "peer speaks pdkv protocol version 7, this process speaks version 4"},
       {grpc::StatusCode::OK, ""}};
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(reply.items(i).code(), static_cast<uint32_t>(expected[i].first)) << "report " << i;
@@ -221,7 +221,7 @@ TEST_F(BadInput, ACallOfReportsIsRefusedWholeOutsideItsBounds) {
   s = send_statuses(0, {status_of(0, 300, true)}, &reply, 7);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(s.error_message(),
-            "peer speaks pdkv protocol version 7, this process speaks version 3");
+            "peer speaks pdkv protocol version 7, this process speaks version 4");
   EXPECT_EQ(reply.items_size(), 0);
   // 64 is the most: each answered.
   s = send_statuses(0, std::vector<proto::RoomStatus>(64, status_of(0, 300, true)), &reply);

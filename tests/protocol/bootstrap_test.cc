@@ -191,7 +191,7 @@ TEST_F(BootstrapOverGrpc, OtherProtocolVersionRefused) {
   const grpc::Status s = stub->GetTopology(&ctx, request, &reply);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(s.error_message(),
-            "peer speaks pdkv protocol version 99, this process speaks version 3");
+            "peer speaks pdkv protocol version 99, this process speaks version 4");
 }
 
 // A service that never answers a connection its kernel accepted (a frozen

@@ -168,10 +168,13 @@ INSTANTIATE_TEST_SUITE_P(Engines, Transfer, ::testing::ValuesIn(cases()));
 // loop where it makes the reported bytes visible, before the scatter, until
 // the Sender reached Success (30 s at most, longer than the Sender is given),
 // which only the decode rank's answer can bring about. The hook sees every
-// engine's calls; only the decode engine makes any.
+// engine's calls; only the decode engine makes any. The success travels by
+// the call alone here (no notice over the data plane, whose success has no
+// answer to wait for and would be held by the hook instead).
 TEST(StagedReport, TheSourceHearsItWasTakenBeforeTheScatter) {
   ClusterSpec spec = shape(8, 1, 1);
   spec.staging = Staging::kOn;
+  spec.prefill_transport = spec.decode_transport = {{"notifications", "0"}};
   std::atomic<bool> sender_succeeded{false};
   std::atomic<int> held{0}, answered_while_held{0};
   auto cluster = Cluster::start(spec);

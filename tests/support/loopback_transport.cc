@@ -13,6 +13,11 @@
 // locks are released, and from fail_peer() for stalled ones; {"poll_only",
 // "1"} turns that off, so that the engine polls on its timer.
 //
+// Notifications (write_and_notify) are delivered with the bytes, except for
+// a stalled batch (it never completes), and announced to the receiver's
+// notification callback; {"notifications", "0"} turns them off, so that the
+// engine reports every success by a call alone.
+//
 // Options that call the peer-failure callback as real backends may (for a
 // peer id no one connected, 0xdead), to prove the engine takes them at any
 // time on any thread:
@@ -35,14 +40,18 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "support/loopback_transport.h"
 
-#include "batch_end_signal.h"
 #include "pdkv/transport.h"
+#include "transport_signal.h"
 
 namespace pdkv::testing {
 namespace {
@@ -63,6 +72,7 @@ struct LoopbackOptions {
   bool callback_in_write = false;
   bool callback_storm = false;
   bool poll_only = false;
+  bool notifications = true;
   std::optional<uint64_t> write_overhead_bytes;
   std::optional<uint64_t> write_overhead_bytes_from;
 };
@@ -95,6 +105,7 @@ class LoopbackTransport final : public Transport {
   TransportCapabilities capabilities() const override {
     TransportCapabilities caps;
     caps.batch_end_events = !options_.poll_only;
+    caps.notifications = options_.notifications;
     if (options_.write_overhead_bytes) caps.write_overhead_bytes = *options_.write_overhead_bytes;
     return caps;
   }
@@ -142,13 +153,34 @@ class LoopbackTransport final : public Transport {
   }
 
   Result<BatchId> write(PeerId peer_id, std::span<const WriteOp> ops) override {
+    return write_and_notify(peer_id, ops, {});
+  }
+  // An empty notification is none (the engine never sends one).
+  Result<BatchId> write_and_notify(PeerId peer_id, std::span<const WriteOp> ops,
+                                   std::string_view notification) override {
+    if (!notification.empty() && !options_.notifications) {
+      return Status::failed_precondition("loopback: notifications are turned off");
+    }
+    if (notification.size() > kMaxNotificationBytes) {
+      return Status::invalid_argument(fmt::format("loopback notification of {} bytes exceeds {}",
+                                                  notification.size(), kMaxNotificationBytes));
+    }
     if (options_.callback_in_write) call_back(kStrangerPeer, Status::unavailable("inline"));
-    Result<BatchId> batch = copy(peer_id, ops);
+    std::shared_ptr<TransportSignal> receiver_notes;
+    Result<BatchId> batch = copy(peer_id, ops, notification, receiver_notes);
     if (batch.is_ok() && !stall_) {
       batch_ends_.mark();
       batch_ends_.announce();  // done already; the locks are released
     }
+    if (receiver_notes) receiver_notes->announce();
     return batch;
+  }
+  std::vector<std::string> take_notifications() override {
+    std::lock_guard lock(mu_);
+    return std::exchange(notifications_, {});
+  }
+  void set_notification_callback(EventCallback callback) override {
+    notes_arrived_->set(std::move(callback));
   }
 
   BatchStatus poll(BatchId batch) override {
@@ -174,7 +206,7 @@ class LoopbackTransport final : public Transport {
   }
   void release_to_peers() override { std::lock_guard lock(g_mu); }
 
-  void set_batch_end_callback(BatchEndCallback callback) override {
+  void set_batch_end_callback(EventCallback callback) override {
     batch_ends_.set(std::move(callback));
   }
   void set_peer_failure_callback(PeerFailureCallback callback) override {
@@ -203,8 +235,11 @@ class LoopbackTransport final : public Transport {
   }
 
  private:
-  // write(): checks every op, then copies them all, under the locks.
-  Result<BatchId> copy(PeerId peer_id, std::span<const WriteOp> ops) {
+  // write(): checks every op, then copies them all, under the locks; then
+  // queues `notification` at the receiver (unless empty, or the batch
+  // stalls) and hands back its signal to announce once the locks are gone.
+  Result<BatchId> copy(PeerId peer_id, std::span<const WriteOp> ops, std::string_view notification,
+                       std::shared_ptr<TransportSignal>& receiver_notes) {
     std::lock_guard global(g_mu);
     std::unique_lock lock(mu_);
     auto peer = peers_.find(peer_id);
@@ -227,6 +262,11 @@ class LoopbackTransport final : public Transport {
       std::memcpy(static_cast<char*>(dst.regions_[op.remote_region].base) + op.remote_offset,
                   static_cast<const char*>(regions_[op.local_region].base) + op.local_offset,
                   op.length);
+    }
+    if (!notification.empty() && !stall_) {
+      dst.notifications_.emplace_back(notification);
+      dst.notes_arrived_->mark();
+      receiver_notes = dst.notes_arrived_;
     }
     const BatchId id = next_batch_++;
     batches_[id] =
@@ -278,7 +318,11 @@ class LoopbackTransport final : public Transport {
   PeerId next_peer_ = 1;
   BatchId next_batch_ = 1;
   PeerFailureCallback callback_;
-  BatchEndSignal batch_ends_;
+  TransportSignal batch_ends_;
+  std::vector<std::string> notifications_;  // received; guarded by mu_
+  // Shared with writers, which announce it after releasing the locks that
+  // keep this transport alive.
+  std::shared_ptr<TransportSignal> notes_arrived_ = std::make_shared<TransportSignal>();
 };
 
 Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options) {
@@ -287,7 +331,8 @@ Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options
                                               {"callback_in_connect", &o.callback_in_connect},
                                               {"callback_in_write", &o.callback_in_write},
                                               {"callback_storm", &o.callback_storm},
-                                              {"poll_only", &o.poll_only}};
+                                              {"poll_only", &o.poll_only},
+                                              {"notifications", &o.notifications}};
   for (const auto& [key, value] : options) {
     // Every transport takes these: the rank's address (one process has none)
     // and the engine's transfer timeout (no batch here ends by a clock).
@@ -303,7 +348,7 @@ Result<std::unique_ptr<Transport>> make_loopback(const TransportOptions& options
     if (flag == flags.end() || (value != "0" && value != "1")) {
       return Status::invalid_argument(fmt::format(
           "loopback option '{}={}' unknown (stall, callback_in_connect, callback_in_write, "
-          "callback_storm, poll_only; each 0 or 1; write_overhead_bytes=N, "
+          "callback_storm, poll_only, notifications; each 0 or 1; write_overhead_bytes=N, "
           "write_overhead_bytes_from=N)",
           key, value));
     }

@@ -29,7 +29,7 @@ class ScriptedTransport final : public testing::StubTransport {
     ++polls;
     return {ended ? BatchState::kDone : BatchState::kInProgress, {}};
   }
-  void set_batch_end_callback(BatchEndCallback callback) override { callback_ = callback; }
+  void set_batch_end_callback(EventCallback callback) override { callback_ = callback; }
 
   // Ends the batch; `announce`: and says so, as a transport with events does.
   void end(bool announce) {
@@ -42,7 +42,7 @@ class ScriptedTransport final : public testing::StubTransport {
 
  private:
   const bool events_;
-  BatchEndCallback callback_;
+  EventCallback callback_;
 };
 
 // A tracker on a running loop, wired to its transport as the engine wires
