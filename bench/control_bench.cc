@@ -11,8 +11,9 @@
 //
 // For each TP pair: N rooms, W in flight at a time; a room's latency runs
 // from the moment its first call is made (the receivers' send_metadata and
-// the senders' init + send of the one page) until every decode rank polls
-// Success. Prints rooms per second and p50/p99 latency.
+// the senders' init + send of the one page) until every rank, decode and
+// prefill, polls Success (a prefill rank's waits for its report's answer).
+// Prints rooms per second and p50/p99 latency.
 #include <fmt/format.h>
 
 #include <algorithm>
