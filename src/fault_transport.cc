@@ -174,7 +174,10 @@ class FaultInjectingTransport final : public Transport {
   }
 
   Result<BatchId> hand_over(const Batch& b) {
-    if (b.ops.empty()) return BatchId{0};  // nothing moves: "done" at once
+    // Nothing moves: "done" at once (a notification alone still goes).
+    if (b.ops.empty() && (b.kind != Kind::kWriteNotify || b.fate != Fate::kFine)) {
+      return BatchId{0};
+    }
     if (b.kind == Kind::kRead) return real_->read(b.peer, b.ops);
     // A batch that fails or stalls never completes, and a notification is
     // its completion at the peer: it is not sent.

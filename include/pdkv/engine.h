@@ -29,7 +29,8 @@
 // protocol.md, "Success over the data plane"): then once that batch ended,
 // so that pages it reads are not reused under it. Keep a Sender's pages and
 // slots as they are until poll() says Success or Failed; destroying the
-// Sender earlier leaves its writes reading them.
+// Sender earlier leaves its writes reading them, and so does destroying the
+// Engine (it fails every room at once): keep them until ~Engine returned.
 //
 // On the decode side, kFailed means more than "this room will not succeed":
 // it is reported only once no source can write into the room's pages any

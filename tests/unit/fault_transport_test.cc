@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "pdkv/faults.h"
 #include "support/poll.h"
 #include "support/stub_transport.h"
@@ -90,6 +92,25 @@ TEST(FaultInjection, StalledBatchEndsOnlyWhenThePeerFails) {
   const BatchStatus st = p.sender->poll(b);
   EXPECT_EQ(st.state, BatchState::kFailed);
   EXPECT_EQ(st.error.message(), "cut");
+}
+
+// A notification is the batch's completion at the peer: a fine batch
+// delivers it (also with no bytes), a failed or stalled one never does.
+TEST(FaultInjection, OnlyAFineBatchDeliversItsNotification) {
+  const std::vector<WriteOp> one_write = {{0, 0, 0, 0, 8}};
+  for (const auto& [fault, ops, delivered] :
+       std::vector<std::tuple<std::string, std::vector<WriteOp>, bool>>{
+           {"fail_batch=0", one_write, true},
+           {"fail_batch=0", {}, true},
+           {"fail_batch=1", one_write, false},
+           {"stall_batch=1", one_write, false}}) {
+    SCOPED_TRACE(fault + (ops.empty() ? ", no bytes" : ", 8 bytes"));
+    Pair p = make_pair(parse_faults({fault, "delay_us=1", "seed=1"}).value());
+    const BatchId b = p.sender->write_and_notify(p.peer, ops, "room 3 done").value();
+    for (int i = 0; i < 100; ++i) (void)p.sender->poll(b);  // hands it over, at least
+    EXPECT_EQ(p.receiver->take_notifications(),
+              delivered ? std::vector<std::string>{"room 3 done"} : std::vector<std::string>{});
+  }
 }
 
 TEST(FaultInjection, DelayedBatchLandsOnlyAfterTheDelay) {

@@ -192,6 +192,7 @@ class _Room:
         self.conclude_state = None
         self._room = None  # the pdkv Sender or Receiver, once made
         self._failure = None  # a reason found here (a refused call), before pdkv knew
+        self._aborted = False  # by abort() or a refusal here: Failed once pdkv says it ended
         self._metrics = None
 
     def _fail_here(self, error):
@@ -200,9 +201,7 @@ class _Room:
 
     def _fail_and_abort(self, error):
         """A refusal here fails the room at its peers too."""
-        self._fail_here(error)
-        if self._room is not None:
-            self._room.abort(self._failure)
+        self._abort(str(error))
 
     def _guarded(self, method, *args):
         """A pdkv call whose refusal fails the room (SGLang polls for it, it does not catch)."""
@@ -211,6 +210,17 @@ class _Room:
         except pdkv.PdkvError as error:
             self._fail_and_abort(error)
 
+    def _abort(self, reason):
+        """Fails the room here and at its peers. With a pdkv room, Failed comes
+        from pdkv's own poll: only then may SGLang reuse the request's pages
+        (no write of the room reads or fills them any more)."""
+        self._failure = self._failure or reason
+        if self._room is None:
+            self.conclude_state = KVPoll.Failed
+            return
+        self._aborted = True
+        self._room.abort(self._failure)
+
     def poll(self):
         if self.conclude_state is not None:
             return self.conclude_state
@@ -218,8 +228,10 @@ class _Room:
             return KVPoll.Bootstrapping
         state = int(self._room.poll())
         if state in _TERMINAL:
-            self.conclude_state = state
+            # An aborted request stays failed, even if its bytes got through.
+            self.conclude_state = KVPoll.Failed if self._aborted else state
             self._metrics = self._room.metrics()
+            return self.conclude_state
         return state
 
     def failure_exception(self):
@@ -232,10 +244,7 @@ class _Room:
                               is_from_another_rank=False)
 
     def abort(self):
-        if self._room is not None:
-            self._room.abort("Aborted by AbortReq.")
-        self.conclude_state = KVPoll.Failed
-        self._failure = self._failure or "Aborted by AbortReq."
+        self._abort("Aborted by AbortReq.")
 
     def clear(self):
         """Releases the pdkv room (SGLang calls it once the request is done)."""
