@@ -174,16 +174,12 @@ class FaultInjectingTransport final : public Transport {
   }
 
   Result<BatchId> hand_over(const Batch& b) {
-    // Nothing moves: "done" at once (a notification alone still goes).
-    if (b.ops.empty() && (b.kind != Kind::kWriteNotify || b.fate != Fate::kFine)) {
-      return BatchId{0};
-    }
-    if (b.kind == Kind::kRead) return real_->read(b.peer, b.ops);
     // A batch that fails or stalls never completes, and a notification is
-    // its completion at the peer: it is not sent.
-    if (b.kind == Kind::kWriteNotify && b.fate == Fate::kFine) {
-      return real_->write_and_notify(b.peer, b.ops, b.notification);
-    }
+    // its completion at the peer: only a fine one sends it.
+    const bool notifies = b.kind == Kind::kWriteNotify && b.fate == Fate::kFine;
+    if (b.ops.empty() && !notifies) return BatchId{0};  // nothing moves: "done" at once
+    if (b.kind == Kind::kRead) return real_->read(b.peer, b.ops);
+    if (notifies) return real_->write_and_notify(b.peer, b.ops, b.notification);
     return real_->write(b.peer, b.ops);
   }
 

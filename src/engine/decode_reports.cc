@@ -40,14 +40,16 @@ void DecodeSide::on_room_status(const proto::RoomStatus& status, AnswerPtr answe
         "room {}: {} is not a source of {}", id, describe(status.prefill()), describe(ctx_.self))));
   }
   Source& source = *found;
-  const Status reported_already = Status::failed_precondition(
-      fmt::format("room {}: {} reported already", id, describe(source.rank)));
+  auto reported_already = [&] {
+    return Status::failed_precondition(
+        fmt::format("room {}: {} reported already", id, describe(source.rank)));
+  };
   if (source.confirm_due) {
     // Its success came first, as a notice, and was taken then: this call is
     // the confirmation its Sender waits for, whatever the room did since (as
     // for a call taken before the room failed). A failure it reports now
     // came after its bytes had all landed, which the notice said.
-    answer->send(status.success() ? Status::ok() : reported_already);
+    answer->send(status.success() ? Status::ok() : reported_already());
     confirmation_settled(source);
     return maybe_erase(*room);
   }
@@ -55,7 +57,7 @@ void DecodeSide::on_room_status(const proto::RoomStatus& status, AnswerPtr answe
     // A source reports once. A second report (a peer's bug) changes
     // nothing: a second scatter would read the slot the first one frees.
     // (One on a failed room is answered below, as any late report is.)
-    return answer->send(reported_already);
+    return answer->send(reported_already());
   }
   note_report(*room, source, status.bytes());
   if (!room->handle || room->failure) {

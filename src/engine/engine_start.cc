@@ -71,7 +71,8 @@ Status check_pools(const EngineConfig& c, const RankShard& shard, const PoolSize
 // waits add nothing (it looks at every batch, or takes every notification),
 // and one after it started posts another.
 Transport::EventCallback post_once(std::shared_ptr<LoopInbox> inbox, std::function<void()> task) {
-  return [inbox = std::move(inbox), task = std::make_shared<const std::function<void()>>(task),
+  return [inbox = std::move(inbox),
+          task = std::make_shared<const std::function<void()>>(std::move(task)),
           queued = std::make_shared<std::atomic<bool>>(false)] {
     if (queued->exchange(true)) return;
     inbox->post([task, queued] {

@@ -273,10 +273,10 @@ void PrefillSide::fail(PrefillRoom& room, const Status& reason) {
   drive_failure(room);
 }
 
-void PrefillSide::publish_failure(PrefillRoom& room) {
+void PrefillSide::publish_failure(PrefillRoom& room, bool even_under_notice) {
   if (room.failure_published || !room.failure) return;
   for (const auto& [key, dest] : room.dests) {
-    if (dest.carries_notice) return;
+    if (dest.carries_notice && !even_under_notice) return;
   }
   room.failure_published = true;
   ctx_.fail(room.handle.get(), *room.failure);
@@ -372,10 +372,8 @@ void PrefillSide::give_up() {
   giving_up_ = true;
   const Status why = Status::unavailable(fmt::format("{} is shutting down", describe(ctx_.self)));
   for (auto& [id, room] : rooms_) {
-    if (room.failure && !room.failure_published) {
-      room.failure_published = true;  // the engine goes, and its transport with it
-      ctx_.fail(room.handle.get(), *room.failure);
-    }
+    publish_failure(room,
+                    /*even_under_notice=*/true);  // the engine goes, and its transport with it
     for (auto& [info, answer] : room.early_infos) answer->send(why);
     room.early_infos.clear();
     for (auto& [key, dest] : room.dests) {

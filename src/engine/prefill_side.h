@@ -167,8 +167,9 @@ class PrefillSide {
   void step(PrefillRoom& room);
   void fail(PrefillRoom& room, const Status& reason);
   void drive_failure(PrefillRoom& room);
-  // The Sender sees the failure once no batch carrying a notice reads its pages.
-  void publish_failure(PrefillRoom& room);
+  // The Sender sees the failure once no batch carrying a notice reads its
+  // pages (at once with `even_under_notice`: the engine is going).
+  void publish_failure(PrefillRoom& room, bool even_under_notice = false);
   void maybe_erase(PrefillRoom& room);
 
   // prefill_writes.cc: writes, batches, gathers and reports.

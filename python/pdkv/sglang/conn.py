@@ -199,21 +199,18 @@ class _Room:
         self._failure = str(error)
         self.conclude_state = KVPoll.Failed
 
-    def _fail_and_abort(self, error):
-        """A refusal here fails the room at its peers too."""
-        self._abort(str(error))
-
     def _guarded(self, method, *args):
         """A pdkv call whose refusal fails the room (SGLang polls for it, it does not catch)."""
         try:
             method(*args)
         except pdkv.PdkvError as error:
-            self._fail_and_abort(error)
+            self._abort(str(error))  # a refusal here fails the room at its peers too
 
     def _abort(self, reason):
-        """Fails the room here and at its peers. With a pdkv room, Failed comes
-        from pdkv's own poll: only then may SGLang reuse the request's pages
-        (no write of the room reads or fills them any more)."""
+        """Fails the room here and at its peers (abort(), or a refusal here).
+        With a pdkv room, Failed comes from pdkv's own poll: only then may
+        SGLang reuse the request's pages (no write of the room reads or fills
+        them any more)."""
         self._failure = self._failure or reason
         if self._room is None:
             self.conclude_state = KVPoll.Failed
@@ -297,7 +294,7 @@ class KVSender(_Room):
         pages = [int(p) for p in kv_indices]
         self.curr_idx += len(pages)
         if self.curr_idx > self.num_kv_indices:
-            self._fail_and_abort(f"{self.curr_idx} pages sent, more than the "
+            self._abort(f"{self.curr_idx} pages sent, more than the "
                                  f"{self.num_kv_indices} given to init()")
             return
         # SGLang's scheduler says which chunk is last (should_send_kv_chunk);
@@ -306,7 +303,7 @@ class KVSender(_Room):
         announced, self._announced_last = self._announced_last, None
         is_last = announced if announced is not None else self.curr_idx == self.num_kv_indices
         if is_last and self.curr_idx != self.num_kv_indices:
-            self._fail_and_abort(f"the last chunk leaves {self.curr_idx} of the "
+            self._abort(f"the last chunk leaves {self.curr_idx} of the "
                                  f"{self.num_kv_indices} pages given to init() sent")
             return
         if self._room is not None and self.conclude_state is None:
