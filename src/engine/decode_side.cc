@@ -210,9 +210,10 @@ void DecodeSide::check_quiet(DecodeRoom& room) {
 void DecodeSide::maybe_erase(DecodeRoom& room) {
   const bool ended = room.succeeded || room.published_failure;
   if (room.handle || !ended || room.lookup_pending) return;
-  // A source's confirmation must find the room that took its notice.
+  // A source's confirmation must find the room that took its notice, and a
+  // lost source's abort, which may be sent again, keeps its link open.
   for (const auto& [key, s] : room.sources) {
-    if (s.confirm_due) return;
+    if (s.confirm_due || (s.lost && s.abort == Source::Abort::kSending)) return;
   }
   for (auto& [key, s] : room.sources) {
     release_slot(s);

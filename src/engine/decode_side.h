@@ -13,7 +13,8 @@
 //
 // Failure (an abort, a timeout, a source's failure, a lost source, closing
 // the Receiver): the first reason wins, every source that may still write is
-// sent AbortRoom (retried until it answers or is lost), and the Receiver
+// sent AbortRoom (retried until it answers or is lost; a lost one is told a
+// few times over fresh links, as it may only be cut off), and the Receiver
 // sees kFailed only once every source is quiet: it acknowledged the abort,
 // reported (and its staged block's scatter is over), was lost, or never had
 // the page list. From then on no byte of the room lands in its pages; a late
@@ -86,8 +87,12 @@ class DecodeSide {
     uint64_t bytes = 0;
     std::optional<uint64_t> slot;  // our staging slot for its block
     uint64_t slot_bytes = 0;
+    // AbortRoom: retried while it is alive and slow to answer; sent again
+    // over a fresh link, kFailureNoticeTries in all, while it is lost (it
+    // may only be cut off), and the room is kept meanwhile.
     enum class Abort { kNone, kSending, kAcked } abort = Abort::kNone;
     std::chrono::milliseconds abort_backoff{100};
+    uint32_t abort_tries = 0;
     bool lost = false;
     // Its staged block is being copied into the room's pages (copy_then):
     // the slot and the room are kept, and the room is not quiet.

@@ -170,6 +170,7 @@ void DecodeSide::send_abort(DecodeRoom& room, Source& source) {
   ControlLink* link = ctx_.peers.link_to_tell(source.peer);
   if (link == nullptr || source.abort == Source::Abort::kSending) return;
   source.abort = Source::Abort::kSending;
+  ++source.abort_tries;
   proto::AbortRequest request;
   request.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
   request.set_room(room.id);
@@ -203,8 +204,13 @@ void DecodeSide::on_abort_reply(RoomId id, RankKey key, const grpc::Status& s) {
       Source& src = r->sources.at(key);
       if (!src.quiet()) send_abort(*r, src);
     });
+  } else if (source.lost && source.abort_tries < kFailureNoticeTries) {
+    // Its fresh link was lost too: it may still be cut off, or be back with
+    // a path that returned just after the link gave up. It waits for this.
+    send_abort(*room, source);
   }
   check_quiet(*room);
+  if ((room = find(id))) maybe_erase(*room);  // the last try may have held it
 }
 
 }  // namespace pdkv::engine

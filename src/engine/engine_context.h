@@ -31,6 +31,14 @@ namespace pdkv::engine {
 // sanitizer did), and none of them should fail for it.
 inline constexpr auto kControlCallTimeout = std::chrono::milliseconds(20000);
 
+// A failure told to a peer that was lost (RoomStatus from a prefill rank,
+// AbortRoom from a decode rank) goes over a fresh link, which may be lost in
+// turn while the cut lasts, or just after the path returns (docs/
+// reliability.md, item 3): it is sent this many times in all. Each try lasts
+// at least a keepalive period of refusals, so the tries outlast a cut of
+// about that many periods after the loss was found.
+inline constexpr uint32_t kFailureNoticeTries = 3;
+
 // A staging copy (gather or scatter) smaller than this runs on the loop: it
 // takes about as long as handing it to a copy thread and back (two thread
 // switches, tens of microseconds here), and a one-page request's routes stay

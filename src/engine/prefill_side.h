@@ -89,7 +89,7 @@ class PrefillSide {
     bool gathering = false;           // a copy fills the slot: it and the room are kept
     bool gathered = false;            // the slot holds the block, to be written
     // A failure notice on its way (kFailureSending) holds the room; one
-    // whose link was lost is sent again, kNoticeTries in all.
+    // whose link was lost is sent again, kFailureNoticeTries in all.
     enum class Report {
       kNone,
       kSending,
@@ -189,7 +189,6 @@ class PrefillSide {
                               const Status& outcome) const;
   void report(PrefillRoom& room, Destination& dest, const Status& outcome);
   void on_notice_reply(PrefillRoom& room, Destination& dest, const grpc::Status& s);
-  static constexpr uint32_t kNoticeTries = 3;
   void on_drain_timeout(RoomId room);
   bool complete(const PrefillRoom& room, const Destination& dest) const;
 

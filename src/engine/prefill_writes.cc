@@ -293,7 +293,7 @@ void PrefillSide::on_notice_reply(PrefillRoom& room, Destination& dest, const gr
   dest.report = Destination::Report::kFailureSent;
   // Lost on the way (its link died: the peer may be cut off still, or again
   // as it came back): told again over a fresh link, a few times at most.
-  if (!s.ok() && !is_definitive(s) && dest.notice_tries < kNoticeTries && room.failure) {
+  if (!s.ok() && !is_definitive(s) && dest.notice_tries < kFailureNoticeTries && room.failure) {
     return report(room, dest, *room.failure);
   }
   maybe_erase(room);

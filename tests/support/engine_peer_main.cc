@@ -1,18 +1,27 @@
 // pdkv_test_peer: one engine in its own process, for tests that kill, pause
-// or count the threads of a peer.
-//   pdkv_test_peer prefill|decode BOOTSTRAP ROOM [BACKEND [KEEPALIVE_MS]]
+// or count the threads of a peer, or cut it off (tests/fault).
+//   pdkv_test_peer prefill|decode BOOTSTRAP ROOM [BACKEND [KEEPALIVE_MS [HOST
+//                  [OPTION=VALUE ...]]]]
 // Starts a TP-1 engine of the default test shape (support/cluster.h) over
-// BACKEND (default loopback), opens ROOM (prefill: Sender + init; decode:
-// Receiver + init + send_metadata), prints "ready", then, as a prefill,
-// serves rooms on command: a line "room R" on stdin opens R (the decode
-// engine comes with its metadata), writes the oracle's pattern for R into
-// pages 4..7, sends them and prints "room R ok" or "room R failed: why".
-// A line "threads" prints "threads N", the process's thread count. It runs
-// until killed.
+// BACKEND (default loopback), reached at HOST (default 127.0.0.1), with the
+// backend's options given; opens ROOM as "open" does (0: none), prints
+// "ready", then runs the commands it reads from stdin:
+//   open R     opens R, prints "opened R" (or "room R failed: why"). A
+//              prefill: Sender and init, no pages (the room ends when its
+//              decode side fails it, or at its data timeout). A decode:
+//              Receiver, init and metadata for pages 0..3.
+//   wait R     waits for an opened R to end: "room R ok" or "room R failed:
+//              why".
+//   room R     (prefill) opens R (the decode engine comes with its
+//              metadata), writes the oracle's pattern for R into pages 4..7,
+//              sends them and prints "room R ok" or "room R failed: why".
+//   threads    prints "threads N", the process's thread count.
+// It runs until killed.
 #include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <numeric>
 #include <string>
 
@@ -25,6 +34,13 @@ namespace {
 using namespace pdkv;
 
 bool ended(PollState s) { return s == PollState::kSuccess || s == PollState::kFailed; }
+
+// How a room ended, once it has: "ok" or "failed: why".
+template <typename Room>
+std::string outcome(Engine& engine, Room& room) {
+  while (!ended(room.poll())) (void)engine.wait_for_changes(std::chrono::milliseconds(100));
+  return room.poll() == PollState::kSuccess ? "ok" : "failed: " + room.failure().message();
+}
 
 // Serves one room as SGLang's prefill would, and says how it went.
 std::string serve(Engine& engine, testing::RankMemory& memory, RoomId room) {
@@ -42,15 +58,54 @@ std::string serve(Engine& engine, testing::RankMemory& memory, RoomId room) {
   Status st = s.init(pages.size());
   if (st.is_ok()) st = s.send(pages, true);
   if (!st.is_ok()) return "failed: " + st.message();
-  while (!ended(s.poll())) (void)engine.wait_for_changes(std::chrono::milliseconds(100));
-  return s.poll() == PollState::kSuccess ? "ok" : "failed: " + s.failure().message();
+  return outcome(engine, s);
+}
+
+// The rooms opened by "open": a Sender or a Receiver each, by role.
+struct OpenRooms {
+  Engine& engine;
+  const testing::ClusterSpec& spec;
+  std::map<RoomId, std::unique_ptr<Sender>> senders;
+  std::map<RoomId, std::unique_ptr<Receiver>> receivers;
+
+  // "" once opened, else why not.
+  std::string open(RoomId room) {
+    std::vector<uint64_t> pages(4);
+    std::iota(pages.begin(), pages.end(), 0);
+    if (engine.config().role == Role::kPrefill) {
+      auto sender = engine.sender(room, spec.decode_id);
+      if (!sender.is_ok()) return sender.status().message();
+      if (Status st = (*sender)->init(pages.size()); !st.is_ok()) return st.message();
+      senders[room] = std::move(sender).value();
+      return "";
+    }
+    auto receiver = engine.receiver(room, spec.prefill_id);
+    if (!receiver.is_ok()) return receiver.status().message();
+    Status st = (*receiver)->init();
+    if (st.is_ok()) st = (*receiver)->send_metadata(pages);
+    if (!st.is_ok()) return st.message();
+    receivers[room] = std::move(receiver).value();
+    return "";
+  }
+  std::string wait(RoomId room) {
+    if (auto s = senders.find(room); s != senders.end()) return outcome(engine, *s->second);
+    if (auto r = receivers.find(room); r != receivers.end()) return outcome(engine, *r->second);
+    return "failed: not opened";
+  }
+};
+
+// Prints one command's answer about `room`.
+void say(RoomId room, const std::string& what) {
+  std::printf("room %llu %s\n", static_cast<unsigned long long>(room), what.c_str());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s prefill|decode BOOTSTRAP ROOM [BACKEND [KEEPALIVE_MS]]\n",
+    std::fprintf(stderr,
+                 "usage: %s prefill|decode BOOTSTRAP ROOM [BACKEND [KEEPALIVE_MS [HOST "
+                 "[OPTION=VALUE ...]]]]\n",
                  argv[0]);
     return 2;
   }
@@ -64,6 +119,16 @@ int main(int argc, char** argv) {
   cfg.backend = argc > 4 ? argv[4] : "loopback";
   cfg.bootstrap_address = argv[2];
   if (argc > 5) cfg.timeouts.keepalive = std::chrono::milliseconds(std::stoul(argv[5]));
+  if (argc > 6) cfg.control_host = argv[6];
+  for (int i = 7; i < argc; ++i) {
+    const std::string option = argv[i];
+    const size_t eq = option.find('=');
+    if (eq == std::string::npos) {
+      std::fprintf(stderr, "backend option '%s' is not OPTION=VALUE\n", option.c_str());
+      return 2;
+    }
+    cfg.transport_options[option.substr(0, eq)] = option.substr(eq + 1);
+  }
   testing::RankMemory memory;
   memory.kv.assign(
       cfg.kv.num_layers * cfg.kv.buffers_per_layer(),
@@ -74,32 +139,30 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", engine.status().to_string().c_str());
     return 1;
   }
-  std::vector<uint64_t> pages(4);
-  std::iota(pages.begin(), pages.end(), 0);
-  std::unique_ptr<Sender> sender;
-  std::unique_ptr<Receiver> receiver;
-  Status st;
-  if (prefill) {
-    sender = std::move((*engine)->sender(room, spec.decode_id)).value();
-    st = sender->init(pages.size());
-  } else {
-    receiver = std::move((*engine)->receiver(room, spec.prefill_id)).value();
-    st = receiver->init();
-    if (st.is_ok()) st = receiver->send_metadata(pages);
-  }
-  if (!st.is_ok()) {
-    std::fprintf(stderr, "%s\n", st.to_string().c_str());
-    return 1;
+  OpenRooms rooms{**engine, spec, {}, {}};
+  if (room != 0) {
+    if (const std::string why = rooms.open(room); !why.empty()) {
+      std::fprintf(stderr, "%s\n", why.c_str());
+      return 1;
+    }
   }
   std::printf("ready\n");
   std::fflush(stdout);
   for (std::string line; std::getline(std::cin, line);) {
+    const auto id = [&] { return RoomId{std::stoull(line.substr(line.find(' ') + 1))}; };
     if (line == "threads") {
       std::printf("threads %zu\n", testing::thread_count());
+    } else if (line.rfind("open ", 0) == 0) {
+      const std::string why = rooms.open(id());
+      if (why.empty()) {
+        std::printf("opened %llu\n", static_cast<unsigned long long>(id()));
+      } else {
+        say(id(), "failed: " + why);
+      }
+    } else if (line.rfind("wait ", 0) == 0) {
+      say(id(), rooms.wait(id()));
     } else if (prefill && line.rfind("room ", 0) == 0) {
-      const RoomId r = std::stoull(line.substr(5));
-      std::printf("room %llu %s\n", static_cast<unsigned long long>(r),
-                  serve(**engine, memory, r).c_str());
+      say(id(), serve(**engine, memory, id()));
     }
     std::fflush(stdout);
   }
