@@ -123,7 +123,8 @@ class FaultInjectingTransport final : public Transport {
     Clock::time_point post_at;
     bool posted = false;
     BatchId real = 0;
-    bool real_ended = false;      // the real batch is done (a stalled batch waits on)
+    bool real_ended = false;  // the real batch is done (a stalled batch waits on)
+    std::optional<Clock::time_point> failing_since;  // kFail with drain_us: said it failed
     std::optional<Status> ended;  // failed by fail_peer before the real batch took it
   };
 
@@ -211,8 +212,7 @@ class FaultInjectingTransport final : public Transport {
           real_id == 0 ? BatchStatus{BatchState::kDone, Status::ok()} : real_->poll(real_id);
       lock.lock();
       if ((b = find()) == nullptr) return {BatchState::kFailed, Status::not_found("batch gone")};
-      if (real.state == BatchState::kInProgress) return {};
-      if (real.state == BatchState::kFailed) return real;
+      if (real.state != BatchState::kDone) return real;  // failed, or failing
       b->real_ended = true;
       if (b->ended) return {BatchState::kFailed, *b->ended};
     }
@@ -224,12 +224,14 @@ class FaultInjectingTransport final : public Transport {
       case Fate::kFail: {
         uint64_t moved = 0;
         for (const WriteOp& op : b->ops) moved += op.length;
+        Status why = Status::internal(fmt::format(
+            "injected fault (fail_batch): batch failed after {} of {} bytes", moved, b->bytes));
+        if (!b->failing_since) b->failing_since = Clock::now();
+        if (Clock::now() < *b->failing_since + std::chrono::microseconds(spec_.drain_us)) {
+          return {BatchState::kInProgress, std::move(why)};  // draining, as far as anyone knows
+        }
         // The real transport finished what was posted: nothing trails.
-        return {
-            BatchState::kFailed,
-            Status::internal(fmt::format(
-                "injected fault (fail_batch): batch failed after {} of {} bytes", moved, b->bytes)),
-            /*may_trail=*/false};
+        return {BatchState::kFailed, std::move(why), /*may_trail=*/false};
       }
     }
     return {};
@@ -252,6 +254,7 @@ std::string FaultSpec::to_string() const {
   if (fail_batch > 0) add(fmt::format("fail_batch={}", fail_batch));
   if (stall_batch > 0) add(fmt::format("stall_batch={}", stall_batch));
   if (delay_us > 0) add(fmt::format("delay_us={}", delay_us));
+  if (drain_us > 0) add(fmt::format("drain_us={}", drain_us));
   if (fail_connect > 0) add(fmt::format("fail_connect={}", fail_connect));
   if (seed) add(fmt::format("seed={}", *seed));
   return out;
@@ -273,11 +276,14 @@ Result<FaultSpec> parse_faults(const std::vector<std::string>& key_values) {
       PDKV_ASSIGN_OR_RETURN(spec.fail_connect, parse_probability(key, value));
     } else if (key == "delay_us") {
       PDKV_ASSIGN_OR_RETURN(spec.delay_us, parse_option_number("fault", key, value, 0, 60'000'000));
+    } else if (key == "drain_us") {
+      PDKV_ASSIGN_OR_RETURN(spec.drain_us, parse_option_number("fault", key, value, 0, 60'000'000));
     } else if (key == "seed") {
       PDKV_ASSIGN_OR_RETURN(spec.seed, parse_option_number("fault", key, value, 0, UINT64_MAX));
     } else {
       return Status::invalid_argument(fmt::format(
-          "unknown fault '{}' (known: fail_batch, stall_batch, delay_us, fail_connect, seed)",
+          "unknown fault '{}' (known: fail_batch, stall_batch, delay_us, drain_us, fail_connect, "
+          "seed)",
           key));
     }
   }

@@ -103,11 +103,14 @@ Status Endpoint::open(const std::string& name, const std::string& host) {
   // Keys we draw at random where the provider takes them (without
   // FI_MR_PROV_KEY); the provider's own where it insists (util providers'
   // count from 1, so they are asked for last). RMA events where offered.
+  // Messages where offered (the notifications that follow transfers).
   Status found = Status::ok();
-  for (const uint64_t prov_key : {uint64_t{0}, uint64_t{FI_MR_PROV_KEY}}) {
-    for (const uint64_t caps : {uint64_t{FI_RMA_EVENT}, uint64_t{0}}) {
-      found = get_info(name, node, caps, prov_key);
-      if (found.is_ok()) return open_objects();
+  for (const uint64_t msg : {uint64_t{FI_MSG}, uint64_t{0}}) {
+    for (const uint64_t prov_key : {uint64_t{0}, uint64_t{FI_MR_PROV_KEY}}) {
+      for (const uint64_t caps : {uint64_t{FI_RMA_EVENT}, uint64_t{0}}) {
+        found = get_info(name, node, caps | msg, prov_key);
+        if (found.is_ok()) return open_objects();
+      }
     }
   }
   return found;
@@ -193,7 +196,26 @@ Status Endpoint::open_objects() {
   address.resize(len);
   if ((r = fi_getname(&ep->fid, address.data(), &len)) != 0) return ofi_error("fi_getname", r);
   address.resize(len);
+  return open_inbox();
+}
+
+// Only where our buffers need no registration (FI_MR_LOCAL): the inbox and
+// each message sent are plain memory.
+Status Endpoint::open_inbox() {
+  messages = (info->caps & FI_MSG) && !(info->domain_attr->mr_mode & FI_MR_LOCAL);
+  if (!messages) return Status::ok();
+  for (size_t i = 0; i < kInboxSlots; ++i) {
+    inbox.push_back(std::make_unique<InboxSlot>());
+    if (!post_receive(*inbox.back())) {
+      return Status::internal(
+          fmt::format("{}: fi_recv refused receive {} of the inbox", provider, i));
+    }
+  }
   return Status::ok();
+}
+
+bool Endpoint::post_receive(InboxSlot& slot) {
+  return fi_recv(ep, slot.bytes, InboxSlot::kBytes, nullptr, FI_ADDR_UNSPEC, &slot.context) == 0;
 }
 
 }  // namespace pdkv::backends::mori

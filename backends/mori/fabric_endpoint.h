@@ -1,16 +1,20 @@
 // One libfabric provider's objects for the mori IO engine: fabric, domain,
 // RDM endpoint, address vector, completion queue (with a wait descriptor
-// where the provider has one) and, with FI_RMA_EVENT, a counter of peers'
-// accesses. What fi_getinfo returned is read here, never assumed.
+// where the provider has one), with FI_RMA_EVENT a counter of peers'
+// accesses, and with FI_MSG an inbox of posted receives for peers' short
+// messages. What fi_getinfo returned is read here, never assumed.
 #pragma once
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 
 #include <sys/types.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "pdkv/status.h"
 
@@ -23,6 +27,13 @@ Status ofi_error(const std::string& what, int rc);
 // the process ("<pid>:<uid>:<index>", maybe behind "fi_shm://"); -1 when
 // the address is not of that form.
 pid_t shm_address_pid(std::string_view address);
+
+// A receive posted for one peer's message; the CQ entry's context names it.
+struct InboxSlot {
+  static constexpr size_t kBytes = 1024;  // a longer message fails (truncated)
+  fi_context2 context;                    // first: the provider's (FI_CONTEXT2)
+  char bytes[kBytes];
+};
 
 // Touched only on the engine's progress thread once the engine runs.
 struct Endpoint {
@@ -44,6 +55,11 @@ struct Endpoint {
   // Writes to one peer up to this size land in the order they were posted
   // (FI_ORDER_RMA_WAW with max_order_waw_size); 0: no order is promised.
   size_t ordered_write_bytes = 0;
+  // Peers' messages (FI_MSG, where no local buffer needs registering): this
+  // many receives stay posted, each posted again once its message is taken.
+  static constexpr size_t kInboxSlots = 64;
+  bool messages = false;
+  std::vector<std::unique_ptr<InboxSlot>> inbox;
 
   Endpoint() = default;
   Endpoint(const Endpoint&) = delete;
@@ -64,10 +80,15 @@ struct Endpoint {
   bool fence(const std::string& address);
   bool can_fence = false;  // decided by open(), as libfabric reads its setting then
 
+  // Posts `slot`'s receive again; false when the provider asks to be
+  // progressed first (-FI_EAGAIN: the caller tries again later).
+  bool post_receive(InboxSlot& slot);
+
  private:
   Status get_info(const std::string& name, const std::string& host, uint64_t extra_caps,
                   uint64_t prov_key_mode);
   Status open_objects();
+  Status open_inbox();
 };
 
 }  // namespace pdkv::backends::mori

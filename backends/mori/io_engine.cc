@@ -11,6 +11,7 @@
 #include <cstring>
 #include <future>
 #include <optional>
+#include <utility>
 
 #include "crypto.h"
 #include "host_identity.h"
@@ -303,6 +304,7 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
                                                   remote.id, remote.engine_key, e.provider));
     }
     Transfer& t = transfers[id];
+    t.id = id;
     t.peer = remote.engine_key;
     t.endpoint = ep;
     t.addr = p->second.addr;
@@ -398,6 +400,52 @@ void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
 void IoEngine::acquire_inbound_writes() const { impl_->wait_round(); }
 
 void IoEngine::release_to_peers() { impl_->wait_round(); }
+
+bool IoEngine::can_message() const {
+  return std::all_of(impl_->endpoints.begin(), impl_->endpoints.end(),
+                     [](const auto& e) { return e->messages; });
+}
+
+Status IoEngine::send_after(const std::string& remote_key, std::span<const TransferId> after,
+                            std::string message) {
+  static_assert(kMaxMessageBytes <= InboxSlot::kBytes, "a message fits a receive");
+  if (!can_message()) return Status::failed_precondition("mori: a provider has no messages");
+  if (message.size() > kMaxMessageBytes) {
+    return Status::invalid_argument(
+        fmt::format("mori: a message of {} bytes (at most {})", message.size(), kMaxMessageBytes));
+  }
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->peers.count(remote_key) == 0) {
+      if (auto failure = impl_->failures.failure(remote_key)) return *failure;
+      return Status::not_found(fmt::format("no mori engine '{}' registered", remote_key));
+    }
+    Impl::PendingMessage pending{remote_key, {}, std::move(message)};
+    for (TransferId id : after) {
+      auto t = impl_->transfers.find(id);
+      if (t == impl_->transfers.end() || t->second.status.state == TransferState::kFailed) {
+        return Status::ok();  // one failed already: the message is not sent
+      }
+      if (t->second.status.state == TransferState::kInProgress) pending.waiting.insert(id);
+    }
+    if (!pending.waiting.empty()) {
+      impl_->pending_messages.push_back(std::move(pending));
+      return Status::ok();
+    }
+    impl_->queue_message(remote_key, std::move(pending.payload));
+  }
+  impl_->notify();
+  return Status::ok();
+}
+
+std::vector<std::string> IoEngine::take_messages() {
+  std::lock_guard lock(impl_->mu);
+  return std::exchange(impl_->messages, {});
+}
+
+void IoEngine::set_message_callback(std::function<void()> callback) {
+  impl_->messages_in.set(std::move(callback));
+}
 
 void IoEngine::set_batch_end_callback(std::function<void()> callback) {
   impl_->batch_ends.set(std::move(callback));

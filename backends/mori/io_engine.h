@@ -23,6 +23,12 @@
 // completion queues' descriptors, or polls every millisecond where a
 // provider has none. Each peer has its own queue of operations to post, so
 // that a peer the provider answers with -FI_EAGAIN holds up no other.
+//
+// Messages (send_after): a short message to a peer, sent once the transfers
+// it follows have succeeded, that is once the peer has their bytes
+// (delivery complete); the peer's endpoint keeps receives posted for them
+// (FI_MSG) and take_messages() returns what arrived. The transport's
+// notifications travel so.
 #pragma once
 
 #include <chrono>
@@ -159,6 +165,21 @@ class IoEngine {
   // Called on the progress thread, with no lock of the engine held, after
   // transfers ended or failed (Transport::set_batch_end_callback).
   void set_batch_end_callback(std::function<void()> callback);
+
+  // Whether every endpoint carries messages (FI_MSG, see Endpoint).
+  bool can_message() const;
+  // Sends `message` (at most kMaxMessageBytes) to engine `remote_key` once
+  // every transfer of `after` (this engine's, to that peer) succeeded: at
+  // once when `after` is empty, never when one of them fails. Its delivery
+  // is not reported.
+  Status send_after(const std::string& remote_key, std::span<const TransferId> after,
+                    std::string message);
+  static constexpr size_t kMaxMessageBytes = 1024;
+  // Target side: the messages peers sent, in arrival order, since the last call.
+  std::vector<std::string> take_messages();
+  // Called on the progress thread, with no lock of the engine held, after
+  // messages arrived.
+  void set_message_callback(std::function<void()> callback);
 
   // Memory ordering against the bytes peers move (see Transport).
   void acquire_inbound_writes() const;

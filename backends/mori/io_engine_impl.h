@@ -45,6 +45,10 @@ struct Op {
   bool cancelled = false;
   bool read = false;
   bool signal = false;  // the write that carries the transfer id as remote CQ data
+  // A message (fi_sendmsg of `payload`), of no transfer: sent once the
+  // transfers it follows succeeded (PendingMessage), never reported.
+  bool message = false;
+  std::string payload;
   // The peer's endpoint places this write before any posted after it: the
   // transfer's signal need not wait for its completion.
   bool ordered = false;
@@ -77,6 +81,7 @@ struct IoEngine::Impl {
     fi_addr_t addr = FI_ADDR_UNSPEC;
   };
   struct Transfer {
+    TransferId id = 0;
     std::string peer;
     size_t endpoint = 0;
     fi_addr_t addr = FI_ADDR_UNSPEC;
@@ -110,6 +115,13 @@ struct IoEngine::Impl {
     Status error;
     int err = 0;
   };
+  // A message to `peer` that waits for the transfers it follows: queued
+  // once they all succeeded, dropped as soon as one fails.
+  struct PendingMessage {
+    std::string peer;
+    std::set<TransferId> waiting;
+    std::string payload;
+  };
 
   IoEngineConfig config;
   EngineDesc desc;
@@ -124,12 +136,15 @@ struct IoEngine::Impl {
   // Marked (mu held) as transfers end or fail, announced by the progress
   // thread after each pass, holding no lock.
   TransportSignal batch_ends;
+  // Marked (mu held) as peers' messages arrive, announced likewise.
+  TransportSignal messages_in;
 
   // Fixed once the engine runs; their provider objects are used on the
   // progress thread only (FI_THREAD_DOMAIN), with round_mu or no lock held.
   std::vector<std::unique_ptr<Endpoint>> endpoints;
   // The progress thread's own:
-  std::map<Op*, std::unique_ptr<Op>> posted;  // handed to the provider
+  std::map<Op*, std::unique_ptr<Op>> posted;            // handed to the provider
+  std::vector<std::pair<size_t, InboxSlot*>> unposted;  // (endpoint, receive) to post again
   Clock::time_point next_deadline_check = Clock::now();
 
   // Held by the progress thread for each round of provider calls, in which
@@ -152,6 +167,8 @@ struct IoEngine::Impl {
   std::map<TransferId, Transfer> transfers;
   std::map<uint32_t, std::string> nonces;  // peer nonce -> engine key
   std::set<TransferId> inbound;            // landed, not yet popped
+  std::vector<PendingMessage> pending_messages;
+  std::vector<std::string> messages;  // peers' messages, not yet taken
   // Per endpoint: when its provider last returned one of our operations.
   // Draining transfers count it as progress: a provider busy with other
   // transfers' operations ahead of theirs is not stuck.
@@ -186,12 +203,18 @@ struct IoEngine::Impl {
   std::vector<Burst> take_queued();
   void post_burst(Burst& burst);
   void settle_burst(Burst& burst);
-  bool read_completions(Endpoint& e);
+  bool read_completions(size_t endpoint);
+  // A receive completed (or failed): its message kept, the slot posted again.
+  void take_receive(size_t endpoint, InboxSlot* slot, size_t length, std::vector<std::string>& got);
+  void post_receives_again();
   void cancel_failed();
   bool inbound_traffic();
   void remove_retired();
   // mu held, progress thread:
   void finish_op(std::unique_ptr<Op> op, const Status& error, int err);
+  // Transfer `id` ended: the messages that waited for it go, or are dropped.
+  void release_messages(TransferId id, bool succeeded);
+  void queue_message(const std::string& peer, std::string payload);
   void check_deadlines(Clock::time_point now);
   Result<std::pair<size_t, size_t>> endpoint_for(const EngineDesc& remote) const;
   std::vector<std::string> provider_names() const;

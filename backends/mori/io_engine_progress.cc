@@ -57,6 +57,7 @@ void IoEngine::Impl::start_thread() {
   driver.progress = [this] {
     const bool active = progress();
     batch_ends.announce();  // round_mu and mu released
+    messages_in.announce();
     return active;
   };
   driver.busy = [this] { return busy(); };
@@ -72,8 +73,9 @@ void IoEngine::Impl::start_thread() {
 bool IoEngine::Impl::progress() {
   std::lock_guard round(round_mu);
   cancel_failed();
+  post_receives_again();
   bool active = post_queued();
-  for (auto& e : endpoints) active |= read_completions(*e);
+  for (size_t i = 0; i < endpoints.size(); ++i) active |= read_completions(i);
   active |= inbound_traffic();  // peers' traffic: keep polling for a while (kHotWindow)
   const auto now = Clock::now();
   if (now >= next_deadline_check) {
@@ -154,13 +156,17 @@ std::vector<IoEngine::Impl::Burst> IoEngine::Impl::take_queued() {
     while (!peer.queue.empty() && b.ops.size() < kPostBurst) {
       std::unique_ptr<Op> op = std::move(peer.queue.front());
       peer.queue.pop_front();
+      op->endpoint = peer.endpoint;
+      op->addr = peer.addr;
+      if (op->message) {
+        b.ops.push_back(std::move(op));
+        continue;
+      }
       auto t = transfers.find(op->transfer);
       if (t == transfers.end() || t->second.status.state != TransferState::kInProgress) {
         continue;  // its transfer ended (failed) meanwhile: dropped, never posted
       }
       ++t->second.with_provider;
-      op->endpoint = peer.endpoint;
-      op->addr = peer.addr;
       b.ops.push_back(std::move(op));
     }
     if (!b.ops.empty()) bursts.push_back(std::move(b));
@@ -189,7 +195,11 @@ void IoEngine::Impl::post_burst(Burst& b) {
     msg.context = &op;
     uint64_t flags = FI_COMPLETION | (b.posted + 1 < b.ops.size() ? FI_MORE : 0);
     ssize_t rc;
-    if (op.read) {
+    if (op.message) {
+      iov = {op.payload.data(), op.payload.size()};
+      fi_msg message{&iov, nullptr, 1, op.addr, &op, 0};
+      rc = fi_sendmsg(e.ep, &message, flags);
+    } else if (op.read) {
       rc = fi_readmsg(e.ep, &msg, flags);
     } else {
       // Not FI_INJECT_COMPLETE, even where the signal makes it safe: a
@@ -220,13 +230,22 @@ void IoEngine::Impl::settle_burst(Burst& b) {
   }
   if (b.refused_rc != 0) {
     const Op& op = *b.ops[b.posted];
-    Transfer& t = transfers.find(op.transfer)->second;
-    --t.with_provider;
-    fail_transfer(t, ofi_error(op.read ? "fi_readmsg" : "fi_writemsg", b.refused_rc));
+    if (op.message) {
+      logger("mori")->debug("a message to {} not sent: {}", b.peer,
+                            ofi_error("fi_sendmsg", b.refused_rc).message());
+    } else {
+      Transfer& t = transfers.find(op.transfer)->second;
+      --t.with_provider;
+      fail_transfer(t, ofi_error(op.read ? "fi_readmsg" : "fi_writemsg", b.refused_rc));
+    }
   }
   auto p = peers.find(b.peer);
   const size_t settled = b.posted + (b.refused_rc != 0 ? 1 : 0);
   for (size_t i = b.ops.size(); i-- > settled;) {
+    if (b.ops[i]->message) {
+      if (p != peers.end()) p->second.queue.push_front(std::move(b.ops[i]));
+      continue;
+    }
     auto t = transfers.find(b.ops[i]->transfer);
     --t->second.with_provider;
     const bool live = t->second.status.state == TransferState::kInProgress;
@@ -236,9 +255,11 @@ void IoEngine::Impl::settle_burst(Burst& b) {
 
 // Reads the CQ without mu; what it finished is settled under mu. True when
 // anything completed or landed.
-bool IoEngine::Impl::read_completions(Endpoint& e) {
+bool IoEngine::Impl::read_completions(size_t index) {
+  Endpoint& e = *endpoints[index];
   std::vector<Finished> finished;
   std::vector<TransferId> landed;
+  std::vector<std::string> got;  // peers' messages
   fi_cq_data_entry entries[64];
   while (true) {
     const ssize_t n = fi_cq_read(e.cq, entries, 64);
@@ -248,6 +269,12 @@ bool IoEngine::Impl::read_completions(Endpoint& e) {
       if (fi_cq_readerr(e.cq, &err, 0) != 1) break;
       char detail[256] = {};
       fi_cq_strerror(e.cq, err.prov_errno, err.err_data, detail, sizeof detail);
+      if (err.flags & FI_RECV) {  // a message we could not take (too long): dropped
+        logger("mori")->warn("{}: a peer's message dropped: {} ({})", e.provider,
+                             fi_strerror(err.err), detail);
+        take_receive(index, static_cast<InboxSlot*>(err.op_context), 0, got);
+        continue;
+      }
       auto it = posted.find(static_cast<Op*>(err.op_context));
       if (it == posted.end()) {
         logger("mori")->warn("{}: completion error for no operation of ours: {} ({})", e.provider,
@@ -272,21 +299,42 @@ bool IoEngine::Impl::read_completions(Endpoint& e) {
         landed.push_back(c.data);
         continue;
       }
+      if (c.flags & FI_RECV) {
+        take_receive(index, static_cast<InboxSlot*>(c.op_context), c.len, got);
+        continue;
+      }
       auto it = posted.find(static_cast<Op*>(c.op_context));
       if (it == posted.end()) continue;
       finished.push_back({std::move(it->second), Status::ok(), 0});
       posted.erase(it);
     }
   }
-  if (finished.empty() && landed.empty()) return false;
+  if (finished.empty() && landed.empty() && got.empty()) return false;
   const auto now = Clock::now();
   std::lock_guard lock(mu);
   inbound.insert(landed.begin(), landed.end());
+  if (!got.empty()) {
+    for (auto& m : got) messages.push_back(std::move(m));
+    messages_in.mark();
+  }
   for (auto& f : finished) {
     returned_at[f.op->endpoint] = now;
     finish_op(std::move(f.op), f.error, f.err);
   }
   return true;
+}
+
+// `length` 0: a failed receive, whose slot is only posted again.
+void IoEngine::Impl::take_receive(size_t endpoint, InboxSlot* slot, size_t length,
+                                  std::vector<std::string>& got) {
+  if (length > 0) got.emplace_back(slot->bytes, std::min(length, InboxSlot::kBytes));
+  if (!endpoints[endpoint]->post_receive(*slot)) unposted.emplace_back(endpoint, slot);
+}
+
+// Receives the provider could not take back at once (-FI_EAGAIN).
+void IoEngine::Impl::post_receives_again() {
+  std::erase_if(unposted,
+                [this](const auto& r) { return endpoints[r.first]->post_receive(*r.second); });
 }
 
 bool IoEngine::Impl::inbound_traffic() {
@@ -301,6 +349,10 @@ bool IoEngine::Impl::inbound_traffic() {
 }
 
 void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int err) {
+  if (op->message) {  // never reported: the call that follows the notice confirms
+    if (!error.is_ok()) logger("mori")->debug("a message not delivered: {}", error.message());
+    return;
+  }
   auto it = transfers.find(op->transfer);
   if (it == transfers.end()) return;
   Transfer& t = it->second;
@@ -324,6 +376,31 @@ void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int 
   }
   t.status.state = TransferState::kSuccess;
   batch_ends.mark();
+  release_messages(it->first, /*succeeded=*/true);
+}
+
+void IoEngine::Impl::release_messages(TransferId id, bool succeeded) {
+  for (auto it = pending_messages.begin(); it != pending_messages.end();) {
+    if (it->waiting.erase(id) == 0) {
+      ++it;
+      continue;
+    }
+    if (succeeded && it->waiting.empty()) queue_message(it->peer, std::move(it->payload));
+    if (!succeeded || it->waiting.empty()) {
+      it = pending_messages.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void IoEngine::Impl::queue_message(const std::string& peer, std::string payload) {
+  auto p = peers.find(peer);
+  if (p == peers.end()) return;  // failed meanwhile: nobody to tell
+  auto op = std::make_unique<Op>();
+  op->message = true;
+  op->payload = std::move(payload);
+  p->second.queue.push_back(std::move(op));
 }
 
 void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
@@ -331,6 +408,7 @@ void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
   t.status = {TransferState::kFailed, reason};
   batch_ends.mark();  // its batch's other transfers are cancelled when it is polled
   t.held_signal.reset();
+  release_messages(t.id, /*succeeded=*/false);
   t.drain = DrainDeadline(Clock::now(), kDrainQuiet, kDrainCap);
   t.cancel_due = t.with_provider > 0;
 }

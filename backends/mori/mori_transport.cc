@@ -88,6 +88,9 @@ class MoriTransport final : public Transport {
     caps.reads = true;
     caps.fences_inbound = engine_->can_fence();
     caps.batch_end_events = true;
+    // A batch's notification is a message sent once its transfers have
+    // succeeded (IoEngine::send_after).
+    caps.notifications = engine_->can_message();
     // One fi_writemsg and its completion per fragment: about 10 us on shm
     // and tcp at 512-byte fragments, 7 (shm) to 20 us (tcp) at page-sized
     // ones, where staging measured faster than direct writes at 1 -> 1
@@ -126,15 +129,26 @@ class MoriTransport final : public Transport {
   }
 
   Result<BatchId> write(PeerId peer, std::span<const WriteOp> ops) override {
-    return submit(peer, ops, false);
+    return submit(peer, ops, false, nullptr);
   }
+  Result<BatchId> write_and_notify(PeerId peer, std::span<const WriteOp> ops,
+                                   std::string_view notification) override {
+    if (!engine_->can_message()) return Transport::write_and_notify(peer, ops, notification);
+    if (notification.size() > kMaxNotificationBytes) {
+      return Status::invalid_argument(fmt::format("mori: a notification of {} bytes (at most {})",
+                                                  notification.size(), kMaxNotificationBytes));
+    }
+    return submit(peer, ops, false, &notification);
+  }
+  std::vector<std::string> take_notifications() override { return engine_->take_messages(); }
   Result<BatchId> read(PeerId peer, std::span<const ReadOp> ops) override {
-    return submit(peer, ops, true);
+    return submit(peer, ops, true, nullptr);
   }
 
   // A batch fails once one of its transfers failed and the others have
   // ended too (they are cancelled as soon as one has failed, while it still
-  // drains): kFailed means none of its bytes moves any more.
+  // drains): kFailed means none of its bytes moves any more. Meanwhile it
+  // is in progress with its error: its notification is dropped already.
   BatchStatus poll(BatchId batch_id) override {
     std::lock_guard lock(mu_);
     auto b = batches_.find(batch_id);
@@ -156,7 +170,7 @@ class MoriTransport final : public Transport {
       }
       it = batch.open.erase(it);
     }
-    if (!batch.open.empty()) return {BatchState::kInProgress, {}};
+    if (!batch.open.empty()) return {BatchState::kInProgress, batch.error};
     BatchStatus end = batch.error.is_ok() ? BatchStatus{BatchState::kDone, {}}
                                           : BatchStatus{BatchState::kFailed, batch.error};
     batches_.erase(b);
@@ -181,6 +195,9 @@ class MoriTransport final : public Transport {
   // announced, and the caller's poll tells the rest.
   void set_batch_end_callback(EventCallback callback) override {
     engine_->set_batch_end_callback(std::move(callback));
+  }
+  void set_notification_callback(EventCallback callback) override {
+    engine_->set_message_callback(std::move(callback));
   }
   void set_peer_failure_callback(PeerFailureCallback callback) override {
     std::lock_guard lock(mu_);
@@ -209,7 +226,9 @@ class MoriTransport final : public Transport {
     Status error;
   };
 
-  Result<BatchId> submit(PeerId peer_id, std::span<const WriteOp> ops, bool read) {
+  // `notification`: sent once every transfer of the batch succeeded.
+  Result<BatchId> submit(PeerId peer_id, std::span<const WriteOp> ops, bool read,
+                         const std::string_view* notification) {
     std::lock_guard lock(mu_);
     auto p = peers_.find(peer_id);
     if (p == peers_.end()) {
@@ -234,23 +253,29 @@ class MoriTransport final : public Transport {
     }
     forget_orphans();
     Batch batch;
-    for (auto& [regions, g] : groups) {
-      PDKV_ASSIGN_OR_RETURN(
-          IoEngine::Session session,
-          engine_->create_session(regions_[regions.first], p->second.memory[regions.second]));
-      const TransferId id = engine_->allocate_transfer_id();
-      const Status st = read ? session.batch_read(g.local, g.remote, g.sizes, id)
-                             : session.batch_write(g.local, g.remote, g.sizes, id);
-      if (!st.is_ok()) {
-        // The transfers already started are cancelled and forgotten: the
-        // caller never got a batch to poll.
-        for (TransferId started : batch.open) {
-          engine_->cancel_transfer(started, st);
-          orphans_.push_back(started);
-        }
-        return st;
+    // The transfers already started are cancelled and forgotten when one is
+    // refused: the caller never got a batch to poll.
+    const auto refused = [&](const Status& st) {
+      for (TransferId started : batch.open) {
+        engine_->cancel_transfer(started, st);
+        orphans_.push_back(started);
       }
+      return st;
+    };
+    for (auto& [regions, g] : groups) {
+      auto session =
+          engine_->create_session(regions_[regions.first], p->second.memory[regions.second]);
+      if (!session.is_ok()) return refused(session.status());
+      const TransferId id = engine_->allocate_transfer_id();
+      const Status st = read ? session->batch_read(g.local, g.remote, g.sizes, id)
+                             : session->batch_write(g.local, g.remote, g.sizes, id);
+      if (!st.is_ok()) return refused(st);
       batch.open.push_back(id);
+    }
+    if (notification != nullptr) {
+      const Status st =
+          engine_->send_after(p->second.engine.key, batch.open, std::string(*notification));
+      if (!st.is_ok()) return refused(st);
     }
     const BatchId id = next_batch_++;
     batches_.emplace(id, std::move(batch));

@@ -10,6 +10,9 @@
 //                   it stays in progress until the peer is failed (fail_peer)
 //   delay_us=N      every batch is handed to the backend N µs late (its
 //                   bytes land late, and it completes after them)
+//   drain_us=N      a batch that fail_batch fails says so (in progress,
+//                   with its error) N µs before it ends, as a backend does
+//                   whose library still holds its operations
 //   fail_connect=P  connect() is refused
 //   seed=N          the generator's seed (default: drawn at random, logged)
 //
@@ -33,6 +36,7 @@ struct FaultSpec {
   double fail_batch = 0;
   double stall_batch = 0;
   uint64_t delay_us = 0;
+  uint64_t drain_us = 0;
   double fail_connect = 0;
   std::optional<uint64_t> seed;
 

@@ -80,6 +80,10 @@ enum class BatchState : uint8_t {
 
 struct BatchStatus {
   BatchState state = BatchState::kInProgress;
+  // kFailed: why. kInProgress with an error: the batch has failed, and only
+  // waits for what the backend's library still holds of it (its bytes may
+  // still be moving); a notification it carries will not be delivered. A
+  // backend may say so before kFailed, or go straight to kFailed.
   Status error;
   // kFailed: whether bytes the batch had sent may still be on their way
   // into the peer's memory (a cut connection's kernel queue), so that the

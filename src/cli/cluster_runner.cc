@@ -292,7 +292,7 @@ nlohmann::ordered_json summarize(const worker::Shape& s,
                                  const std::vector<LostWorker>& lost) {
   std::map<uint64_t, std::string> failed;        // room -> the first reason (decode ranks first)
   std::map<uint64_t, int64_t> sent_us, done_us;  // by room: the latest rank's event
-  uint64_t bytes = 0, staged = 0, direct = 0;
+  uint64_t bytes = 0, staged = 0, direct = 0, notified = 0;
   bool verified = true;
   std::vector<std::string> errors;
   for (int decode_first = 1; decode_first >= 0; --decode_first) {
@@ -332,6 +332,7 @@ nlohmann::ordered_json summarize(const worker::Shape& s,
       direct += j["direct_routes"].get<uint64_t>();
     } else {
       bytes += j["bytes"].get<uint64_t>();
+      notified += j["notified_reports"].get<uint64_t>();
     }
   }
   // Every request moves the same bytes, so the measured ones carry their
@@ -363,6 +364,7 @@ nlohmann::ordered_json summarize(const worker::Shape& s,
   out["p99_ms"] = percentile(latencies, 0.99);
   out["staged_routes"] = staged;
   out["direct_routes"] = direct;
+  out["notified_reports"] = notified;
   out["backend"] = s.backend;
   out["prefill_tp"] = s.prefill_tp;
   out["decode_tp"] = s.decode_tp;

@@ -59,7 +59,7 @@ void add_shape_flags(CLI::App& cmd, worker::Shape& s) {
                "Benchmark mode: neither write nor check the pattern (bytes still move)");
   cmd.add_option("--fault", s.faults,
                  "Inject a transport fault KEY=VALUE (repeatable): fail_batch=P, stall_batch=P, "
-                 "delay_us=N, fail_connect=P, seed=N (docs/backends.md)");
+                 "delay_us=N, drain_us=N, fail_connect=P, seed=N (docs/backends.md)");
   cmd.add_flag("--keep-going", s.keep_going,
                "Count a failed request with its reason and go on; fail only for a wrong byte or "
                "a crash");

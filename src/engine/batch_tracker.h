@@ -24,13 +24,17 @@ namespace pdkv::engine {
 class BatchTracker {
  public:
   using Ended = std::function<void(const BatchStatus& status)>;
+  // The transport said the batch failed while it still drains
+  // (BatchStatus: kInProgress with an error); it ends later.
+  using Failing = std::function<void(const Status& error)>;
 
   BatchTracker(EventLoop& loop, Transport& transport)
       : loop_(loop), transport_(transport), events_(transport.capabilities().batch_end_events) {}
   ~BatchTracker() { loop_.cancel(timer_); }
 
-  // `ended` runs on a later loop iteration, once the batch is done or failed.
-  void add(BatchId batch, Ended ended);
+  // `ended` runs on a later loop iteration, once the batch is done or failed;
+  // `failing` before it, once, if the transport says it failed and drains.
+  void add(BatchId batch, Ended ended, Failing failing = {});
   // The transport announced that batches ended (Transport::set_batch_end_callback).
   void on_batch_end_event();
   size_t in_flight() const { return batches_.size(); }
@@ -45,7 +49,11 @@ class BatchTracker {
   EventLoop& loop_;
   Transport& transport_;
   const bool events_;  // the transport announces batch ends
-  std::unordered_map<BatchId, Ended> batches_;
+  struct Tracked {
+    Ended ended;
+    Failing failing;  // emptied once called
+  };
+  std::unordered_map<BatchId, Tracked> batches_;
   EventLoop::TimerId timer_ = 0;
   std::chrono::microseconds backoff_ = kFirstPoll;
 };

@@ -182,6 +182,7 @@ class PrefillSide {
   void on_gathered(RoomId room, RankKey dest, const Status& gathered);
   void add_extras(const PrefillRoom& room, const Destination& dest, std::vector<WriteOp>& ops);
   void on_batch_end(RoomId room, RankKey dest, PeerId connection, const BatchStatus& status);
+  void on_batch_failing(RoomId room, RankKey dest, const Status& error);
   void release_gather(Destination& dest);
   void wake_gather_waiters();
   // The RoomStatus of `dest`'s part, as its call or its notice sends it.

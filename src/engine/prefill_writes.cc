@@ -64,9 +64,12 @@ Status PrefillSide::post_writes(PrefillRoom& room, Destination& dest) {
   if (!room.first_post) room.first_post = Clock::now();
   const RoomId id = room.id;
   const RankKey key = dest.key;
-  batches_.add(*batch, [this, id, key, connection = *wire](const BatchStatus& st) {
-    on_batch_end(id, key, connection, st);
-  });
+  batches_.add(
+      *batch,
+      [this, id, key, connection = *wire](const BatchStatus& st) {
+        on_batch_end(id, key, connection, st);
+      },
+      [this, id, key](const Status& error) { on_batch_failing(id, key, error); });
   return Status::ok();
 }
 
@@ -192,6 +195,17 @@ void PrefillSide::add_extras(const PrefillRoom& room, const Destination& dest,
       ops.push_back({ctx_.keys.state, src, dest.rank.state_region(), dst, cs.count * cb});
     }
   }
+}
+
+void PrefillSide::on_batch_failing(RoomId id, RankKey key, const Status& error) {
+  PrefillRoom* room = find(id);
+  if (room == nullptr) return;
+  Destination& dest = room->dests.at(key);
+  // A notice goes with the last batch, when no other is in flight: this is
+  // it, and it will not land, so the failure need not wait for its drain
+  // to be published.
+  if (dest.batches == 1) dest.carries_notice = false;
+  fail(*room, error.with_context(fmt::format("room {}: write to {}", id, describe(dest.rank))));
 }
 
 void PrefillSide::on_batch_end(RoomId id, RankKey key, PeerId connection,

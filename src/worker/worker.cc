@@ -394,6 +394,7 @@ nlohmann::json Run::summary() const {
   out["failed_rooms"] = failed_rooms_;
   out["staged_routes"] = engine_->stats().staged_routes;
   out["direct_routes"] = engine_->stats().direct_routes;
+  out["notified_reports"] = engine_->stats().notified_reports;
   out["errors"] = errors_;
   return nlohmann::json(out);
 }

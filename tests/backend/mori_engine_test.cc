@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -38,19 +39,32 @@ TransferStatus wait(IoEngine& e, TransferId id) {
 
 class MoriEngine : public ::testing::TestWithParam<std::string> {};
 
+// An initiator and a target over one provider, each with its buffer
+// registered (`src`, `dst`: they outlive the engines), each knowing the
+// other, and a session from `src` to `dst`.
+struct Pair {
+  std::unique_ptr<IoEngine> initiator, target;
+  IoEngine::Session session;
+};
+Pair connect(const std::string& provider, std::vector<char>& src, std::vector<char>& dst) {
+  Pair p;
+  p.initiator = IoEngine::create(config("initiator", provider)).value();
+  p.target = IoEngine::create(config("target", provider)).value();
+  const MemoryDesc mine = p.initiator->register_memory(src.data(), src.size()).value();
+  const MemoryDesc theirs = p.target->register_memory(dst.data(), dst.size()).value();
+  p.target->release_to_peers();  // the zero fill comes before the peer's writes
+  EXPECT_TRUE(p.initiator->register_remote_engine(p.target->desc()).is_ok());
+  EXPECT_TRUE(p.target->register_remote_engine(p.initiator->desc()).is_ok());
+  p.session = p.initiator->create_session(mine, theirs).value();
+  return p;
+}
+
 TEST_P(MoriEngine, TheTargetLearnsThatAWholeTransferLanded) {
   std::vector<char> src(1 << 20), dst(1 << 20, 0);  // outlive the engines
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 11 + 7);
-  auto initiator = IoEngine::create(config("initiator", GetParam())).value();
-  auto target = IoEngine::create(config("target", GetParam())).value();
-  const MemoryDesc mine = initiator->register_memory(src.data(), src.size()).value();
-  const MemoryDesc theirs = target->register_memory(dst.data(), dst.size()).value();
-  target->release_to_peers();  // the zero fill comes before the peer's writes
-  ASSERT_TRUE(initiator->register_remote_engine(target->desc()).is_ok());
-  ASSERT_TRUE(target->register_remote_engine(initiator->desc()).is_ok());
+  auto [initiator, target, session] = connect(GetParam(), src, dst);
   EXPECT_EQ(initiator->provider_for("target").value(), GetParam());
 
-  auto session = initiator->create_session(mine, theirs).value();
   const TransferId id = initiator->allocate_transfer_id();
   const std::vector<uint64_t> local = {0, 4096, 300000}, remote = {100, 9000, 500000},
                               sizes = {4096, 1, 200000};
@@ -92,14 +106,7 @@ TEST_P(MoriEngine, TheTargetLearnsOfManyWritesOnlyOnceEveryByteLanded) {
   constexpr size_t kWrites = 8192, kSize = 512, kBytes = kWrites * kSize;
   std::vector<char> src(kBytes), dst(2 * kBytes, 0);  // outlive the engines
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 13 + 5);
-  auto initiator = IoEngine::create(config("initiator", GetParam())).value();
-  auto target = IoEngine::create(config("target", GetParam())).value();
-  const MemoryDesc mine = initiator->register_memory(src.data(), src.size()).value();
-  const MemoryDesc theirs = target->register_memory(dst.data(), dst.size()).value();
-  target->release_to_peers();
-  ASSERT_TRUE(initiator->register_remote_engine(target->desc()).is_ok());
-  ASSERT_TRUE(target->register_remote_engine(initiator->desc()).is_ok());
-  auto session = initiator->create_session(mine, theirs).value();
+  auto [initiator, target, session] = connect(GetParam(), src, dst);
   // Every other slot of the destination, last write first.
   std::vector<uint64_t> local, remote, sizes;
   for (size_t i = kWrites; i-- > 0;) {
@@ -180,6 +187,53 @@ TEST_P(MoriEngine, ADeadPeerFailsInTime) {
     EXPECT_FALSE(st.error.message().empty());
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 1500ms + 1s);
+}
+
+// Messages (send_after) go once every transfer they follow succeeded, and
+// never when one of them failed: a notification says the bytes are there.
+TEST_P(MoriEngine, AMessageGoesOnlyAfterItsTransfersSucceeded) {
+  constexpr size_t kBig = 64 << 20;                // far from done when it is cancelled
+  std::vector<char> src(kBig, 'm'), dst(kBig, 0);  // outlive the engines
+  auto [initiator, target, session] = connect(GetParam(), src, dst);
+  ASSERT_TRUE(initiator->can_message() && target->can_message()) << GetParam();
+  auto announced = std::make_shared<std::atomic<int>>(0);
+  target->set_message_callback([announced] { ++*announced; });
+  const auto write = [&](uint64_t at, uint64_t size) {
+    const TransferId id = initiator->allocate_transfer_id();
+    const std::vector<uint64_t> offset = {at}, length = {size};
+    EXPECT_TRUE(session.batch_write(offset, offset, length, id).is_ok());
+    return id;
+  };
+  // One that follows a transfer cancelled before it could end: dropped.
+  const std::vector<TransferId> doomed = {write(0, 4096), write(8192, kBig - 8192)};
+  ASSERT_TRUE(initiator->send_after("target", doomed, "dropped").is_ok());
+  initiator->cancel_transfer(doomed[1], Status::aborted("cancelled by the test"));
+  EXPECT_EQ(wait(*initiator, doomed[1]).state, TransferState::kFailed);
+  // One that follows a transfer that succeeds; once it arrived, one that
+  // follows none, sent at once (behind a "dropped" sent wrongly, as one
+  // peer's messages arrive in the order they were sent).
+  std::vector<std::string> got;
+  const auto take_until = [&](size_t count) {
+    return testing::poll_until(
+        [&] {
+          for (auto& m : target->take_messages()) got.push_back(std::move(m));
+          return got.size() >= count;
+        },
+        20s);
+  };
+  const std::vector<TransferId> fine = {write(4096, 4096)};
+  ASSERT_TRUE(initiator->send_after("target", fine, "sent").is_ok());
+  ASSERT_TRUE(take_until(1));
+  target->acquire_inbound_writes();
+  EXPECT_EQ(std::memcmp(dst.data() + 4096, src.data() + 4096, 4096), 0);  // there before "sent"
+  ASSERT_TRUE(initiator->send_after("target", {}, "last").is_ok());
+  ASSERT_TRUE(take_until(2)) << got.size() << " messages";
+  EXPECT_EQ(got, (std::vector<std::string>{"sent", "last"}));
+  EXPECT_GT(announced->load(), 0);
+  EXPECT_EQ(
+      initiator->send_after("target", {}, std::string(IoEngine::kMaxMessageBytes + 1, 'x')).code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(initiator->send_after("nobody", {}, "x").code(), StatusCode::kNotFound);
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, MoriEngine, ::testing::Values("shm", "tcp;ofi_rxm"),

@@ -122,6 +122,24 @@ TEST(SuccessNotices, ASenderFailedWhileItsNoticeIsInFlightIsFailedOnceTheBatchEn
 // are dropped, and change no room. (A well-formed one from a peer that holds
 // the cluster's secret is taken, as its RoomStatus call would be: the data
 // plane is trusted as far as the control plane, docs/security.md.)
+// A batch that carries the notice and fails, but drains for long (as mori's
+// do while libfabric holds their operations), will not deliver its notice:
+// the Sender's failure is published then, not once the drain is over.
+TEST(SuccessNotices, AFailingBatchWithTheNoticeLetsTheFailureOutBeforeItsDrainEnds) {
+  ClusterSpec spec = shape(8, 1, 1);
+  spec.prefill_faults = parse_faults({"fail_batch=1", "drain_us=60000000", "seed=1"}).value();
+  auto c = Cluster::start(spec);
+  ASSERT_NE(c, nullptr);
+  c->fill(1, first_pages(2), 0, {});
+  auto r = open_room(*c, 1, 2, /*send=*/true);
+  ASSERT_TRUE(poll_until([&] { return r.senders[0]->poll() == PollState::kFailed; }, 10s))
+      << poll_state_name(r.senders[0]->poll());
+  EXPECT_NE(r.senders[0]->failure().message().find("injected fault (fail_batch)"),
+            std::string::npos)
+      << r.senders[0]->failure().message();
+  EXPECT_EQ(c->prefill[0]->stats().batches_in_flight, 1u);  // a minute of drain ahead
+}
+
 TEST(SuccessNotices, NoticesThatAreNoSourcesSuccessAreDropped) {
   ClusterSpec spec = shape(8, 1, 1);
   auto c = Cluster::start(spec);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <future>
 
+#include "support/poll.h"
 #include "support/stub_transport.h"
 
 namespace pdkv::engine {
@@ -27,7 +28,8 @@ class ScriptedTransport final : public testing::StubTransport {
   }
   BatchStatus poll(BatchId) override {
     ++polls;
-    return {ended ? BatchState::kDone : BatchState::kInProgress, {}};
+    if (ended) return {BatchState::kDone, {}};
+    return {BatchState::kInProgress, failing ? Status::aborted("failing") : Status::ok()};
   }
   void set_batch_end_callback(EventCallback callback) override { callback_ = callback; }
 
@@ -39,6 +41,7 @@ class ScriptedTransport final : public testing::StubTransport {
 
   std::atomic<int> polls{0};
   std::atomic<bool> ended{false};
+  std::atomic<bool> failing{false};  // failed, still draining
 
  private:
   const bool events_;
@@ -93,6 +96,32 @@ TEST(BatchTracker, AnEndNothingAnnouncesIsFoundByTheBackstop) {
   h.transport.end(/*announce=*/false);  // a failed batch whose drain ran out
   ASSERT_EQ(ended.wait_for(10s), std::future_status::ready);
   EXPECT_EQ(ended.get().state, BatchState::kDone);
+}
+
+// A batch that failed and drains (in progress, with its error) is told
+// once, before it ends, however often it is polled meanwhile.
+TEST(BatchTracker, AFailingBatchIsToldOnceBeforeItsEnd) {
+  Harness h(/*events=*/false);  // polled on the timer: many polls while it drains
+  std::promise<Status> told;
+  std::atomic<int> tellings{0};
+  h.transport.failing = true;
+  h.loop.post([&] {
+    h.tracker.add(
+        1, [&](const BatchStatus& s) { h.end.set_value(s); },
+        [&](const Status& error) {
+          if (tellings++ == 0) told.set_value(error);
+        });
+  });
+  auto failing = told.get_future();
+  ASSERT_EQ(failing.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(failing.get().message(), "failing");
+  const int polls = h.transport.polls.load();
+  ASSERT_TRUE(testing::poll_until([&] { return h.transport.polls.load() > polls + 3; }));
+  auto ended = h.end.get_future();
+  h.transport.end(/*announce=*/false);
+  ASSERT_EQ(ended.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(ended.get().state, BatchState::kDone);
+  EXPECT_EQ(tellings.load(), 1);
 }
 
 TEST(BatchTracker, WithoutEventsTheLoopPollsOnItsTimer) {

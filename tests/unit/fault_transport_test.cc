@@ -40,20 +40,22 @@ BatchStatus wait_end(Transport& t, BatchId b) {
 }
 
 TEST(FaultSpec, ParsesEveryKeyAndRefusesNamingThePair) {
-  auto spec = parse_faults(
-      {"fail_batch=0.25", "stall_batch=0.5", "delay_us=300", "fail_connect=1", "seed=42"});
+  auto spec = parse_faults({"fail_batch=0.25", "stall_batch=0.5", "delay_us=300", "drain_us=7",
+                            "fail_connect=1", "seed=42"});
   ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
   EXPECT_EQ(spec->fail_batch, 0.25);
   EXPECT_EQ(spec->stall_batch, 0.5);
   EXPECT_EQ(spec->delay_us, 300u);
+  EXPECT_EQ(spec->drain_us, 7u);
   EXPECT_EQ(spec->fail_connect, 1.0);
   EXPECT_EQ(spec->seed, 42u);
   EXPECT_EQ(spec->to_string(),
-            "fail_batch=0.25 stall_batch=0.5 delay_us=300 fail_connect=1 seed=42");
+            "fail_batch=0.25 stall_batch=0.5 delay_us=300 drain_us=7 fail_connect=1 seed=42");
   EXPECT_EQ(parse_faults({"fail_batch=1.5"}).status().message(),
             "fault fail_batch=1.5: expected a probability in [0, 1]");
   EXPECT_EQ(parse_faults({"stall=1"}).status().message(),
-            "unknown fault 'stall' (known: fail_batch, stall_batch, delay_us, fail_connect, seed)");
+            "unknown fault 'stall' (known: fail_batch, stall_batch, delay_us, drain_us, "
+            "fail_connect, seed)");
   EXPECT_EQ(parse_faults({"delay_us"}).status().message(), "--fault 'delay_us' is not KEY=VALUE");
   EXPECT_EQ(parse_faults({"fail_batch=0.6", "stall_batch=0.6"}).status().message(),
             "fault fail_batch=0.6 and stall_batch=0.6 add up to more than 1");
@@ -80,6 +82,24 @@ TEST(FaultInjection, FailedBatchMovedItsFirstHalfOnly) {
       p.sender->write(p.peer, std::vector<WriteOp>{{p.src_key, 40, p.dst_key, 40, 10}}).value());
   EXPECT_EQ(one.error.message(), "injected fault (fail_batch): batch failed after 5 of 10 bytes");
   for (size_t i = 40; i < 50; ++i) EXPECT_EQ(p.dst[i], i < 45 ? i + 1 : 0xEE) << "byte " << i;
+}
+
+// drain_us: the failed batch first says it failed, while in progress (as
+// a backend whose library still holds its operations), then ends.
+TEST(FaultInjection, AFailedBatchDrainsWithItsErrorBeforeItEnds) {
+  Pair p = make_pair(parse_faults({"fail_batch=1", "drain_us=60000000", "seed=1"}).value());
+  const BatchId b =
+      p.sender->write(p.peer, std::vector<WriteOp>{{p.src_key, 0, p.dst_key, 0, 8}}).value();
+  BatchStatus st;
+  ASSERT_TRUE(testing::poll_until([&] { return !(st = p.sender->poll(b)).error.is_ok(); }, 5s));
+  EXPECT_EQ(st.state, BatchState::kInProgress);  // a minute of drain ahead
+  EXPECT_EQ(st.error.message(), "injected fault (fail_batch): batch failed after 4 of 8 bytes");
+  Pair q = make_pair(parse_faults({"fail_batch=1", "drain_us=1000", "seed=1"}).value());
+  const BatchStatus ended = wait_end(
+      *q.sender,
+      q.sender->write(q.peer, std::vector<WriteOp>{{q.src_key, 0, q.dst_key, 0, 8}}).value());
+  EXPECT_EQ(ended.state, BatchState::kFailed);
+  EXPECT_EQ(ended.error.message(), st.error.message());
 }
 
 TEST(FaultInjection, StalledBatchEndsOnlyWhenThePeerFails) {
