@@ -8,7 +8,7 @@
 namespace pdkv::backends::mori {
 namespace {
 
-constexpr std::string_view kMagic = "pdkv-mori-1";
+constexpr std::string_view kMagic = "pdkv-mori-2";  // 2: the inbox key
 constexpr uint64_t kMaxEntries = 1 << 20;
 
 }  // namespace
@@ -19,6 +19,7 @@ std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory)
   w.bytes(engine.key);
   w.u64(engine.nonce);
   w.bytes(engine.host_identity);
+  w.u64(engine.inbox_key);
   w.u64(engine.endpoints.size());
   for (const auto& e : engine.endpoints) {
     w.bytes(e.provider);
@@ -38,16 +39,17 @@ std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory)
 Status decode(std::string_view blob, EngineDesc& engine, std::vector<MemoryDesc>& memory) {
   ByteReader r(blob);
   std::string_view magic, key, host;
-  uint64_t nonce = 0, endpoints = 0, regions = 0;
+  uint64_t nonce = 0, inbox_key = 0, endpoints = 0, regions = 0;
   if (!r.bytes(magic) || magic != kMagic) {
     return Status::invalid_argument(
         fmt::format("not a mori engine descriptor ({} bytes): bad magic", blob.size()));
   }
-  if (!r.bytes(key) || !r.u64(nonce) || nonce > UINT32_MAX || !r.bytes(host) || !r.u64(endpoints) ||
-      endpoints == 0 || endpoints > 16) {
+  if (!r.bytes(key) || !r.u64(nonce) || nonce > UINT32_MAX || !r.bytes(host) || !r.u64(inbox_key) ||
+      !r.u64(endpoints) || endpoints == 0 || endpoints > 16) {
     return Status::invalid_argument("mori descriptor truncated in its header");
   }
-  engine = EngineDesc{std::string(key), static_cast<uint32_t>(nonce), std::string(host), {}};
+  engine =
+      EngineDesc{std::string(key), static_cast<uint32_t>(nonce), std::string(host), {}, inbox_key};
   for (uint64_t i = 0; i < endpoints; ++i) {
     std::string_view provider, address;
     if (!r.bytes(provider) || !r.bytes(address)) {

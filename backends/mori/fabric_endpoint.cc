@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -200,18 +201,30 @@ Status Endpoint::open_objects() {
 }
 
 // Only where our buffers need no registration (FI_MR_LOCAL): the inbox and
-// each message sent are plain memory.
+// each message sent are plain memory. An inbox the provider will not take
+// leaves the endpoint without messages, not unopened.
 Status Endpoint::open_inbox() {
   messages = (info->caps & FI_MSG) && !(info->domain_attr->mr_mode & FI_MR_LOCAL);
   if (!messages) return Status::ok();
-  for (size_t i = 0; i < kInboxSlots; ++i) {
+  const size_t slots =
+      info->rx_attr->size > 0 ? std::min(kInboxSlots, info->rx_attr->size) : kInboxSlots;
+  for (size_t i = 0; i < slots; ++i) {
     inbox.push_back(std::make_unique<InboxSlot>());
     if (!post_receive(*inbox.back())) {
-      return Status::internal(
-          fmt::format("{}: fi_recv refused receive {} of the inbox", provider, i));
+      logger("mori")->info("{}: no messages (fi_recv refused receive {} of the inbox)", provider,
+                           i);
+      messages = false;
+      break;
     }
   }
   return Status::ok();
+}
+
+InboxSlot* Endpoint::inbox_slot(void* context) const {
+  for (const auto& slot : inbox) {
+    if (&slot->context == context) return slot.get();
+  }
+  return nullptr;
 }
 
 bool Endpoint::post_receive(InboxSlot& slot) {

@@ -30,7 +30,7 @@ pid_t shm_address_pid(std::string_view address);
 
 // A receive posted for one peer's message; the CQ entry's context names it.
 struct InboxSlot {
-  static constexpr size_t kBytes = 1024;  // a longer message fails (truncated)
+  static constexpr size_t kBytes = 1032;  // a message and its key; a longer one fails
   fi_context2 context;                    // first: the provider's (FI_CONTEXT2)
   char bytes[kBytes];
 };
@@ -56,10 +56,13 @@ struct Endpoint {
   // (FI_ORDER_RMA_WAW with max_order_waw_size); 0: no order is promised.
   size_t ordered_write_bytes = 0;
   // Peers' messages (FI_MSG, where no local buffer needs registering): this
-  // many receives stay posted, each posted again once its message is taken.
+  // many receives (fewer where the provider's receive queue is shorter)
+  // stay posted, each posted again once its message is taken.
   static constexpr size_t kInboxSlots = 64;
   bool messages = false;
   std::vector<std::unique_ptr<InboxSlot>> inbox;
+  // The inbox slot a completion's context names; null when it is none.
+  InboxSlot* inbox_slot(void* context) const;
 
   Endpoint() = default;
   Endpoint(const Endpoint&) = delete;

@@ -86,6 +86,13 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
   }
   impl->desc.key = config.key;
   impl->desc.nonce = nonce;
+  if (impl->takes_messages()) {
+    while (impl->desc.inbox_key == 0) {
+      if (getrandom(&impl->desc.inbox_key, sizeof(uint64_t), 0) != sizeof(uint64_t)) {
+        return Status::internal("getrandom failed: no inbox key");
+      }
+    }
+  }
   impl->desc.host_identity = impl->host_identity;
   impl->returned_at.assign(impl->endpoints.size(), Clock::time_point{});
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -401,14 +408,11 @@ void IoEngine::acquire_inbound_writes() const { impl_->wait_round(); }
 
 void IoEngine::release_to_peers() { impl_->wait_round(); }
 
-bool IoEngine::can_message() const {
-  return std::all_of(impl_->endpoints.begin(), impl_->endpoints.end(),
-                     [](const auto& e) { return e->messages; });
-}
+bool IoEngine::can_message() const { return impl_->takes_messages(); }
 
 Status IoEngine::send_after(const std::string& remote_key, std::span<const TransferId> after,
                             std::string message) {
-  static_assert(kMaxMessageBytes <= InboxSlot::kBytes, "a message fits a receive");
+  static_assert(kMaxMessageBytes + sizeof(uint64_t) <= InboxSlot::kBytes, "a message fits");
   if (!can_message()) return Status::failed_precondition("mori: a provider has no messages");
   if (message.size() > kMaxMessageBytes) {
     return Status::invalid_argument(
@@ -416,11 +420,16 @@ Status IoEngine::send_after(const std::string& remote_key, std::span<const Trans
   }
   {
     std::lock_guard lock(impl_->mu);
-    if (impl_->peers.count(remote_key) == 0) {
+    auto peer = impl_->peers.find(remote_key);
+    if (peer == impl_->peers.end()) {
       if (auto failure = impl_->failures.failure(remote_key)) return *failure;
       return Status::not_found(fmt::format("no mori engine '{}' registered", remote_key));
     }
-    Impl::PendingMessage pending{remote_key, {}, std::move(message)};
+    const uint64_t inbox = peer->second.desc.inbox_key;
+    if (inbox == 0) return Status::ok();  // it takes none: the call that follows tells it
+    std::string keyed(sizeof inbox, '\0');
+    std::memcpy(keyed.data(), &inbox, sizeof inbox);
+    Impl::PendingMessage pending{remote_key, {}, keyed + message};
     for (TransferId id : after) {
       auto t = impl_->transfers.find(id);
       if (t == impl_->transfers.end() || t->second.status.state == TransferState::kFailed) {
@@ -441,6 +450,11 @@ Status IoEngine::send_after(const std::string& remote_key, std::span<const Trans
 std::vector<std::string> IoEngine::take_messages() {
   std::lock_guard lock(impl_->mu);
   return std::exchange(impl_->messages, {});
+}
+
+uint64_t IoEngine::dropped_messages() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->dropped_messages;
 }
 
 void IoEngine::set_message_callback(std::function<void()> callback) {

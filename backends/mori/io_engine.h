@@ -27,7 +27,8 @@
 // Messages (send_after): a short message to a peer, sent once the transfers
 // it follows have succeeded, that is once the peer has their bytes
 // (delivery complete); the peer's endpoint keeps receives posted for them
-// (FI_MSG) and take_messages() returns what arrived. The transport's
+// (FI_MSG) and take_messages() returns what arrived, each checked against
+// the key its descriptor gave out (EngineDesc::inbox_key). The transport's
 // notifications travel so.
 #pragma once
 
@@ -75,6 +76,10 @@ struct EngineDesc {
   uint32_t nonce = 0;
   std::string host_identity;
   std::vector<Endpoint> endpoints;
+  // Messages to this engine begin with this key, drawn at random, and one
+  // that does not is dropped: only who holds the descriptor (and with it
+  // the memory keys) can send one. 0: it takes no messages.
+  uint64_t inbox_key = 0;
 };
 
 // A registered buffer, as a peer reaches it: one remote key per provider.
@@ -170,13 +175,15 @@ class IoEngine {
   bool can_message() const;
   // Sends `message` (at most kMaxMessageBytes) to engine `remote_key` once
   // every transfer of `after` (this engine's, to that peer) succeeded: at
-  // once when `after` is empty, never when one of them fails. Its delivery
-  // is not reported.
+  // once when `after` is empty, never when one of them fails, nor to a peer
+  // that takes no messages. Its delivery is not reported.
   Status send_after(const std::string& remote_key, std::span<const TransferId> after,
                     std::string message);
   static constexpr size_t kMaxMessageBytes = 1024;
   // Target side: the messages peers sent, in arrival order, since the last call.
   std::vector<std::string> take_messages();
+  // Target side: messages dropped for want of this engine's inbox key.
+  uint64_t dropped_messages() const;
   // Called on the progress thread, with no lock of the engine held, after
   // messages arrived.
   void set_message_callback(std::function<void()> callback);

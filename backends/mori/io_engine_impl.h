@@ -14,6 +14,7 @@
 #include <rdma/fi_domain.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -169,6 +170,7 @@ struct IoEngine::Impl {
   std::set<TransferId> inbound;            // landed, not yet popped
   std::vector<PendingMessage> pending_messages;
   std::vector<std::string> messages;  // peers' messages, not yet taken
+  uint64_t dropped_messages = 0;      // without our inbox key
   // Per endpoint: when its provider last returned one of our operations.
   // Draining transfers count it as progress: a provider busy with other
   // transfers' operations ahead of theirs is not stuck.
@@ -187,6 +189,11 @@ struct IoEngine::Impl {
     endpoints.clear();  // closing the endpoints drops what was still posted
   }
 
+  // Every endpoint carries messages (FI_MSG, its inbox posted).
+  bool takes_messages() const {
+    return std::all_of(endpoints.begin(), endpoints.end(),
+                       [](const auto& e) { return e->messages; });
+  }
   void start_thread();
   // Any thread, no lock held: true once the progress thread is given up.
   bool give_up_if_stuck();

@@ -9,6 +9,7 @@
 #include <rdma/fi_rma.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "io_engine_impl.h"
 #include "log.h"
@@ -269,10 +270,10 @@ bool IoEngine::Impl::read_completions(size_t index) {
       if (fi_cq_readerr(e.cq, &err, 0) != 1) break;
       char detail[256] = {};
       fi_cq_strerror(e.cq, err.prov_errno, err.err_data, detail, sizeof detail);
-      if (err.flags & FI_RECV) {  // a message we could not take (too long): dropped
+      if (InboxSlot* slot = e.inbox_slot(err.op_context)) {  // a message we could not take
         logger("mori")->warn("{}: a peer's message dropped: {} ({})", e.provider,
                              fi_strerror(err.err), detail);
-        take_receive(index, static_cast<InboxSlot*>(err.op_context), 0, got);
+        take_receive(index, slot, 0, got);
         continue;
       }
       auto it = posted.find(static_cast<Op*>(err.op_context));
@@ -324,10 +325,20 @@ bool IoEngine::Impl::read_completions(size_t index) {
   return true;
 }
 
-// `length` 0: a failed receive, whose slot is only posted again.
+// Keeps a message that begins with our inbox key (without it), and posts
+// the slot again. `length` 0: a failed receive.
 void IoEngine::Impl::take_receive(size_t endpoint, InboxSlot* slot, size_t length,
                                   std::vector<std::string>& got) {
-  if (length > 0) got.emplace_back(slot->bytes, std::min(length, InboxSlot::kBytes));
+  constexpr size_t kKey = sizeof desc.inbox_key;
+  length = std::min(length, InboxSlot::kBytes);
+  if (length >= kKey && std::memcmp(slot->bytes, &desc.inbox_key, kKey) == 0) {
+    got.emplace_back(slot->bytes + kKey, length - kKey);
+  } else if (length > 0) {
+    logger("mori")->warn("{}: dropped a message of {} bytes without this engine's inbox key",
+                         endpoints[endpoint]->provider, length);
+    std::lock_guard lock(mu);
+    ++dropped_messages;
+  }
   if (!endpoints[endpoint]->post_receive(*slot)) unposted.emplace_back(endpoint, slot);
 }
 
@@ -418,16 +429,23 @@ void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
 // provider cannot cancel it returns when done, within the drain or not.
 void IoEngine::Impl::cancel_failed() {
   std::set<TransferId> due;
+  std::vector<Retired> gone;  // failed peers: messages to them are asked back too
   {
     std::lock_guard lock(mu);
     for (auto& [id, t] : transfers) {
       if (t.cancel_due) due.insert(id);
       t.cancel_due = false;
     }
+    gone = retired;
   }
-  if (due.empty()) return;
+  if (due.empty() && gone.empty()) return;
+  const auto to_gone = [&gone](const Op& op) {
+    return op.message && std::any_of(gone.begin(), gone.end(), [&op](const Retired& r) {
+             return r.endpoint == op.endpoint && r.addr == op.addr;
+           });
+  };
   for (auto& [raw, op] : posted) {
-    if (op->cancelled || due.count(op->transfer) == 0) continue;
+    if (op->cancelled || (due.count(op->transfer) == 0 && !to_gone(*op))) continue;
     op->cancelled = true;
     (void)fi_cancel(&endpoints[op->endpoint]->ep->fid, &op->provider_context);
   }

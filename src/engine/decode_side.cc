@@ -240,7 +240,16 @@ bool DecodeSide::on_link_lost(RoomId id, const std::string& peer, const Status& 
     // A peer that was only cut off may still have bytes on the way: dropped
     // before the room reports (where the backend can: docs/reliability.md).
     ctx_.peers.fence_inbound(peer);
-    fail(*room, reason);
+    if (!room->failure) {
+      fail(*room, reason);
+      return true;
+    }
+    // Failed already: it hears so over a fresh link now, also when it was
+    // to be asked again after a backoff.
+    for (auto& [key, s] : room->sources) {
+      if (s.peer == peer && !s.reported) send_abort(*room, s);
+    }
+    check_quiet(*room);
   } else {
     check_quiet(*room);
     // A confirmation it owed will not come.

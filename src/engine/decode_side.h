@@ -92,7 +92,7 @@ class DecodeSide {
     // may only be cut off), and the room is kept meanwhile.
     enum class Abort { kNone, kSending, kAcked } abort = Abort::kNone;
     std::chrono::milliseconds abort_backoff{100};
-    uint32_t abort_tries = 0;
+    uint32_t lost_tells = 0;  // AbortRooms sent while it was lost
     bool lost = false;
     // Its staged block is being copied into the room's pages (copy_then):
     // the slot and the room are kept, and the room is not quiet.

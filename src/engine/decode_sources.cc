@@ -167,10 +167,13 @@ void DecodeSide::wake_slot_waiters() {
 }
 
 void DecodeSide::send_abort(DecodeRoom& room, Source& source) {
+  if (source.abort == Source::Abort::kSending) return;
+  // A lost source hears it over a fresh link, a few times at most.
+  if (source.lost && source.lost_tells >= kFailureNoticeTries) return;
   ControlLink* link = ctx_.peers.link_to_tell(source.peer);
-  if (link == nullptr || source.abort == Source::Abort::kSending) return;
+  if (link == nullptr) return;
+  if (source.lost) ++source.lost_tells;
   source.abort = Source::Abort::kSending;
-  ++source.abort_tries;
   proto::AbortRequest request;
   request.set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
   request.set_room(room.id);
@@ -202,9 +205,9 @@ void DecodeSide::on_abort_reply(RoomId id, RankKey key, const grpc::Status& s) {
       DecodeRoom* r = find(id);
       if (r == nullptr) return;
       Source& src = r->sources.at(key);
-      if (!src.quiet()) send_abort(*r, src);
+      if (!src.quiet() || src.lost) send_abort(*r, src);  // lost meanwhile: told anew
     });
-  } else if (source.lost && source.abort_tries < kFailureNoticeTries) {
+  } else if (source.lost) {
     // Its fresh link was lost too: it may still be cut off, or be back with
     // a path that returned just after the link gave up. It waits for this.
     send_abort(*room, source);

@@ -236,6 +236,27 @@ TEST_P(MoriEngine, AMessageGoesOnlyAfterItsTransfersSucceeded) {
   EXPECT_EQ(initiator->send_after("nobody", {}, "x").code(), StatusCode::kNotFound);
 }
 
+// A message must begin with the target's inbox key, which only its
+// descriptor gives out (with the memory keys): one that does not is
+// dropped, whoever can reach the endpoint's address.
+TEST_P(MoriEngine, AMessageWithoutTheInboxKeyIsDropped) {
+  std::vector<char> src(4096), dst(4096);  // outlive the engines
+  auto [initiator, target, session] = connect(GetParam(), src, dst);
+  auto forger = IoEngine::create(config("forger", GetParam())).value();
+  EngineDesc guessed = target->desc();
+  ASSERT_NE(guessed.inbox_key, 0u);
+  guessed.inbox_key ^= 1;
+  ASSERT_TRUE(forger->register_remote_engine(guessed).is_ok());
+  ASSERT_TRUE(target->register_remote_engine(forger->desc()).is_ok());
+  ASSERT_TRUE(forger->send_after("target", {}, "forged").is_ok());
+  ASSERT_TRUE(testing::poll_until([&] { return target->dropped_messages() == 1; }, 20s));
+  EXPECT_TRUE(target->take_messages().empty());
+  ASSERT_TRUE(initiator->send_after("target", {}, "genuine").is_ok());
+  std::vector<std::string> got;
+  ASSERT_TRUE(testing::poll_until([&] { return !(got = target->take_messages()).empty(); }, 20s));
+  EXPECT_EQ(got, std::vector<std::string>{"genuine"});
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, MoriEngine, ::testing::Values("shm", "tcp;ofi_rxm"),
                          [](const auto& info) {
                            return info.param == "shm" ? std::string("shm") : std::string("tcp");

@@ -41,7 +41,8 @@ class PeerProcess {
     return line == "opened " + std::to_string(room) ? "" : "said '" + line + "'";
   }
   // How an opened room ended: "ok" or "failed: why"; "failed: said ''" when
-  // it has not ended within `limit`.
+  // it has not ended within `limit` (its answer then still comes, and would
+  // be read as the next command's: a test ends there).
   std::string wait(RoomId room, std::chrono::milliseconds limit) {
     if (!child_.write_line("wait " + std::to_string(room))) return "failed: peer gone";
     return outcome(room, limit);
