@@ -51,6 +51,12 @@ Result<uint64_t> parse_option_number(std::string_view backend, const std::string
   return n;
 }
 
+Status Transport::check_notification(std::string_view notification) const {
+  if (notification.size() <= kMaxNotificationBytes) return Status::ok();
+  return Status::invalid_argument(fmt::format("{} notification of {} bytes exceeds {}", name(),
+                                              notification.size(), kMaxNotificationBytes));
+}
+
 Status check_ops_bounds(std::string_view verb, std::span<const WriteOp> ops,
                         std::span<const uint64_t> local_lengths,
                         std::span<const uint64_t> remote_lengths) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "io_engine.h"
@@ -129,20 +130,17 @@ class MoriTransport final : public Transport {
   }
 
   Result<BatchId> write(PeerId peer, std::span<const WriteOp> ops) override {
-    return submit(peer, ops, false, nullptr);
+    return submit(peer, ops, false, std::nullopt);
   }
   Result<BatchId> write_and_notify(PeerId peer, std::span<const WriteOp> ops,
                                    std::string_view notification) override {
     if (!engine_->can_message()) return Transport::write_and_notify(peer, ops, notification);
-    if (notification.size() > kMaxNotificationBytes) {
-      return Status::invalid_argument(fmt::format("mori: a notification of {} bytes (at most {})",
-                                                  notification.size(), kMaxNotificationBytes));
-    }
-    return submit(peer, ops, false, &notification);
+    PDKV_RETURN_IF_ERROR(check_notification(notification));
+    return submit(peer, ops, false, notification);
   }
   std::vector<std::string> take_notifications() override { return engine_->take_messages(); }
   Result<BatchId> read(PeerId peer, std::span<const ReadOp> ops) override {
-    return submit(peer, ops, true, nullptr);
+    return submit(peer, ops, true, std::nullopt);
   }
 
   // A batch fails once one of its transfers failed and the others have
@@ -228,7 +226,7 @@ class MoriTransport final : public Transport {
 
   // `notification`: sent once every transfer of the batch succeeded.
   Result<BatchId> submit(PeerId peer_id, std::span<const WriteOp> ops, bool read,
-                         const std::string_view* notification) {
+                         std::optional<std::string_view> notification) {
     std::lock_guard lock(mu_);
     auto p = peers_.find(peer_id);
     if (p == peers_.end()) {
@@ -272,7 +270,7 @@ class MoriTransport final : public Transport {
       if (!st.is_ok()) return refused(st);
       batch.open.push_back(id);
     }
-    if (notification != nullptr) {
+    if (notification) {
       const Status st =
           engine_->send_after(p->second.engine.key, batch.open, std::string(*notification));
       if (!st.is_ok()) return refused(st);

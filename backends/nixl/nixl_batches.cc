@@ -9,10 +9,7 @@ namespace pdkv::backends::nixl {
 
 Result<BatchId> NixlTransport::submit(PeerId peer_id, std::span<const WriteOp> ops,
                                       std::string_view notification, Direction direction) {
-  if (notification.size() > kMaxNotificationBytes) {
-    return Status::invalid_argument(fmt::format("nixl notification of {} bytes exceeds {}",
-                                                notification.size(), kMaxNotificationBytes));
-  }
+  PDKV_RETURN_IF_ERROR(check_notification(notification));
   BatchId id;
   {
     std::lock_guard lock(mu_);

@@ -192,6 +192,9 @@ class Transport {
     return Status::failed_precondition(std::string(name()) + " has no notifications");
   }
   static constexpr size_t kMaxNotificationBytes = 512;
+  // The check every backend makes of a notification before it sends one:
+  // kInvalidArgument "<name> notification of N bytes exceeds 512".
+  Status check_notification(std::string_view notification) const;
   // Notifications received since the last call, in arrival order.
   virtual std::vector<std::string> take_notifications() { return {}; }
 

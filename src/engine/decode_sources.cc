@@ -205,7 +205,7 @@ void DecodeSide::on_abort_reply(RoomId id, RankKey key, const grpc::Status& s) {
       DecodeRoom* r = find(id);
       if (r == nullptr) return;
       Source& src = r->sources.at(key);
-      if (!src.quiet() || src.lost) send_abort(*r, src);  // lost meanwhile: told anew
+      if (!src.quiet()) send_abort(*r, src);
     });
   } else if (source.lost) {
     // Its fresh link was lost too: it may still be cut off, or be back with

@@ -183,6 +183,8 @@ class PrefillSide {
   void add_extras(const PrefillRoom& room, const Destination& dest, std::vector<WriteOp>& ops);
   void on_batch_end(RoomId room, RankKey dest, PeerId connection, const BatchStatus& status);
   void on_batch_failing(RoomId room, RankKey dest, const Status& error);
+  // A failed batch's reason, as the room's failure: "room R: write to RANK: ...".
+  Status write_failure(RoomId room, const Destination& dest, const Status& error) const;
   void release_gather(Destination& dest);
   void wake_gather_waiters();
   // The RoomStatus of `dest`'s part, as its call or its notice sends it.

@@ -205,7 +205,11 @@ void PrefillSide::on_batch_failing(RoomId id, RankKey key, const Status& error) 
   // it, and it will not land, so the failure need not wait for its drain
   // to be published.
   if (dest.batches == 1) dest.carries_notice = false;
-  fail(*room, error.with_context(fmt::format("room {}: write to {}", id, describe(dest.rank))));
+  fail(*room, write_failure(id, dest, error));
+}
+
+Status PrefillSide::write_failure(RoomId id, const Destination& dest, const Status& error) const {
+  return error.with_context(fmt::format("room {}: write to {}", id, describe(dest.rank)));
 }
 
 void PrefillSide::on_batch_end(RoomId id, RankKey key, PeerId connection,
@@ -222,8 +226,7 @@ void PrefillSide::on_batch_end(RoomId id, RankKey key, PeerId connection,
     // The bytes of this route never all arrived: the room fails, at both
     // ends, and the receiver fences what may trail.
     if (status.may_trail) dest.cut_connection = connection;
-    return fail(*room, status.error.with_context(
-                           fmt::format("room {}: write to {}", id, describe(dest.rank))));
+    return fail(*room, write_failure(id, dest, status.error));
   }
   step(*room);
 }

@@ -31,8 +31,7 @@ std::unique_ptr<PeerProcess> peer(const Hosts& hosts, char host, const std::stri
   const std::string address = Hosts::address(host);
   return std::make_unique<PeerProcess>(
       role, bootstrap, 0, "mooncake", kKeepaliveMs,
-      std::vector<std::string>{address, "host=" + address, "same_host=off"},
-      std::vector<std::string>{"/usr/sbin/ip", "netns", "exec", hosts.ns(host)});
+      std::vector<std::string>{address, "host=" + address, "same_host=off"}, hosts.exec_in(host));
 }
 
 TEST(CutOff, AFailureDecidedDuringTheCutReachesThePeerAfterItsFirstNoticeWasLost) {

@@ -75,10 +75,14 @@ class Hosts {
   }
   const std::string& ns(char host) const { return host == 'a' ? a_ : b_; }
 
+  // The command that runs what follows it on `host`.
+  std::vector<std::string> exec_in(char host) const {
+    return {"/usr/sbin/ip", "netns", "exec", ns(host)};
+  }
   // Starts `argv` on `host`; the returned process lives as long as Hosts.
   ChildProcess& start(char host, const std::vector<std::string>& argv,
                       const std::map<std::string, std::string>& env = {}) {
-    std::vector<std::string> full = {"/usr/sbin/ip", "netns", "exec", ns(host)};
+    std::vector<std::string> full = exec_in(host);
     full.insert(full.end(), argv.begin(), argv.end());
     std::map<std::string, std::string> quiet = env;  // warnings only, unless told otherwise
     if (!std::getenv("SPDLOG_LEVEL")) quiet.try_emplace("SPDLOG_LEVEL", "warn");

@@ -161,10 +161,7 @@ class LoopbackTransport final : public Transport {
     if (!notification.empty() && !options_.notifications) {
       return Status::failed_precondition("loopback: notifications are turned off");
     }
-    if (notification.size() > kMaxNotificationBytes) {
-      return Status::invalid_argument(fmt::format("loopback notification of {} bytes exceeds {}",
-                                                  notification.size(), kMaxNotificationBytes));
-    }
+    PDKV_RETURN_IF_ERROR(check_notification(notification));
     if (options_.callback_in_write) call_back(kStrangerPeer, Status::unavailable("inline"));
     std::shared_ptr<TransportSignal> receiver_notes;
     Result<BatchId> batch = copy(peer_id, ops, notification, receiver_notes);
