@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <sstream>
 
 namespace pdkv {
 
@@ -17,6 +18,20 @@ std::string local_host_identity() {
     return {};
   }
   return fmt::format("{}/pidns:{}/ipcns:{}", boot_id, pid_ns.st_ino, ipc_ns.st_ino);
+}
+
+uint64_t process_start_time(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Field 22; the command name (field 2) may hold spaces, so count after its ')'.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 22) return std::stoull(field);
+  }
+  return 0;
 }
 
 }  // namespace pdkv

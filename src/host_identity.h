@@ -2,6 +2,9 @@
 // machine (mooncake's process_vm_writev, mori's shm provider).
 #pragma once
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <string>
 
 namespace pdkv {
@@ -11,5 +14,10 @@ namespace pdkv {
 // kernel (given permission) and share /dev/shm. "" when unknown, which never
 // equals anything.
 std::string local_host_identity();
+
+// A process's start time (clock ticks since boot, from /proc/PID/stat); 0 if
+// it does not exist. With a pid, it names one process: a pid reused by a
+// later process comes with a later start time.
+uint64_t process_start_time(pid_t pid);
 
 }  // namespace pdkv

@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <charconv>
 #include <climits>
-#include <fstream>
-#include <sstream>
 
 #include "byte_codec.h"
 #include "host_identity.h"
@@ -92,11 +90,8 @@ const SegmentDescriptor::Buffer* SegmentDescriptor::find(uint64_t addr, uint64_t
 
 const SegmentDescriptor::Buffer* find_buffer(std::span<const SegmentDescriptor::Buffer> buffers,
                                              uint64_t addr, uint64_t length) {
-  // Written so that no sum can overflow.
   for (const auto& b : buffers) {
-    if (addr >= b.base && addr - b.base <= b.length && length <= b.length - (addr - b.base)) {
-      return &b;
-    }
+    if (b.holds(addr, length)) return &b;
   }
   return nullptr;
 }
@@ -114,20 +109,6 @@ const SegmentDescriptor::Buffer* BufferIndex::find(uint64_t addr, uint64_t lengt
       by_base_, addr, [](const SegmentDescriptor::Buffer& b) { return b.base; });
   if (nearest != nullptr && find_buffer({nearest, 1}, addr, length) != nullptr) return nearest;
   return find_buffer(by_base_, addr, length);
-}
-
-uint64_t process_start_time(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/stat", pid));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // Field 22; the command name (field 2) may hold spaces, so count after its ')'.
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream fields(stat.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && fields >> field; ++i) {
-    if (i == 22) return std::stoull(field);
-  }
-  return 0;
 }
 
 Result<std::string> random_secret() {

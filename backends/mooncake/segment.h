@@ -8,7 +8,6 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -16,16 +15,14 @@
 #include <vector>
 
 #include "pdkv/status.h"
+#include "shared_pool.h"
 
 namespace pdkv::backends::mooncake {
 
 struct SegmentDescriptor {
-  struct Buffer {
-    uint64_t base = 0, length = 0;  // virtual addresses in the segment's process
-    // The number, in the segment's process, of a sealed memfd whose offset 0
-    // holds `base` (shared_pool.h); -1 when the buffer is not shared.
-    int32_t memfd = -1;
-  };
+  // Virtual addresses in the segment's process, with the memfd of those in
+  // shared memory (shared_pool.h).
+  using Buffer = SharedBuffer;
   std::string name;           // "ip:port" of its first rail
   std::string host_identity;  // equal on both sides => process_vm_* can reach `pid`
   uint64_t pid = 0;
@@ -45,16 +42,6 @@ struct SegmentDescriptor {
 const SegmentDescriptor::Buffer* find_buffer(std::span<const SegmentDescriptor::Buffer> buffers,
                                              uint64_t addr, uint64_t length);
 
-// Of `sorted`, in order of base_of(entry), the entry with the greatest base
-// at or below `addr` (the only one that can hold it where entries do not
-// overlap), or nullptr.
-template <typename T, typename BaseOf>
-const T* last_at_or_below(std::span<const T> sorted, uint64_t addr, BaseOf base_of) {
-  auto after = std::upper_bound(sorted.begin(), sorted.end(), addr,
-                                [&](uint64_t a, const T& e) { return a < base_of(e); });
-  return after == sorted.begin() ? nullptr : &*std::prev(after);
-}
-
 // Finds the buffer that holds an address range by binary search: submitting
 // a batch looks up every request (a 2 -> 4 request of llama3-8b is 65,536
 // of them) among 60-odd pools. The buffers' own order is left alone, since
@@ -70,8 +57,6 @@ class BufferIndex {
   std::vector<SegmentDescriptor::Buffer> by_base_;
 };
 
-// A process's start time from /proc/PID/stat; 0 if it does not exist.
-uint64_t process_start_time(pid_t pid);
 // 32 bytes from the kernel's random source.
 Result<std::string> random_secret();
 

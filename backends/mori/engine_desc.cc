@@ -8,8 +8,10 @@
 namespace pdkv::backends::mori {
 namespace {
 
-constexpr std::string_view kMagic = "pdkv-mori-2";  // 2: the inbox key
+// 2: the inbox key; 3: the process's start time and each memory's memfd.
+constexpr std::string_view kMagic = "pdkv-mori-3";
 constexpr uint64_t kMaxEntries = 1 << 20;
+constexpr uint64_t kNotShared = UINT64_MAX;  // a memory's memfd field when it has none
 
 }  // namespace
 
@@ -19,6 +21,7 @@ std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory)
   w.bytes(engine.key);
   w.u64(engine.nonce);
   w.bytes(engine.host_identity);
+  w.u64(engine.start_time);
   w.u64(engine.inbox_key);
   w.u64(engine.endpoints.size());
   for (const auto& e : engine.endpoints) {
@@ -30,6 +33,7 @@ std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory)
     w.u64(m.id);
     w.u64(m.base);
     w.u64(m.length);
+    w.u64(m.memfd < 0 ? kNotShared : static_cast<uint64_t>(m.memfd));
     w.u64(m.keys.size());
     for (uint64_t k : m.keys) w.u64(k);
   }
@@ -39,17 +43,18 @@ std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory)
 Status decode(std::string_view blob, EngineDesc& engine, std::vector<MemoryDesc>& memory) {
   ByteReader r(blob);
   std::string_view magic, key, host;
-  uint64_t nonce = 0, inbox_key = 0, endpoints = 0, regions = 0;
+  uint64_t nonce = 0, start_time = 0, inbox_key = 0, endpoints = 0, regions = 0;
   if (!r.bytes(magic) || magic != kMagic) {
     return Status::invalid_argument(
         fmt::format("not a mori engine descriptor ({} bytes): bad magic", blob.size()));
   }
-  if (!r.bytes(key) || !r.u64(nonce) || nonce > UINT32_MAX || !r.bytes(host) || !r.u64(inbox_key) ||
-      !r.u64(endpoints) || endpoints == 0 || endpoints > 16) {
+  if (!r.bytes(key) || !r.u64(nonce) || nonce > UINT32_MAX || !r.bytes(host) ||
+      !r.u64(start_time) || !r.u64(inbox_key) || !r.u64(endpoints) || endpoints == 0 ||
+      endpoints > 16) {
     return Status::invalid_argument("mori descriptor truncated in its header");
   }
-  engine =
-      EngineDesc{std::string(key), static_cast<uint32_t>(nonce), std::string(host), {}, inbox_key};
+  engine = EngineDesc{
+      std::string(key), static_cast<uint32_t>(nonce), std::string(host), start_time, {}, inbox_key};
   for (uint64_t i = 0; i < endpoints; ++i) {
     std::string_view provider, address;
     if (!r.bytes(provider) || !r.bytes(address)) {
@@ -64,11 +69,17 @@ Status decode(std::string_view blob, EngineDesc& engine, std::vector<MemoryDesc>
   for (uint64_t i = 0; i < regions; ++i) {
     MemoryDesc m;
     m.engine_key = engine.key;
-    uint64_t id = 0, keys = 0;
-    if (!r.u64(id) || !r.u64(m.base) || !r.u64(m.length) || !r.u64(keys) || keys != endpoints) {
+    uint64_t id = 0, memfd = 0, keys = 0;
+    if (!r.u64(id) || !r.u64(m.base) || !r.u64(m.length) || !r.u64(memfd) || !r.u64(keys) ||
+        keys != endpoints) {
       return Status::invalid_argument("mori descriptor truncated in its memory");
     }
+    if (memfd != kNotShared && memfd > INT32_MAX) {
+      return Status::invalid_argument(
+          fmt::format("mori descriptor: memory {} names memfd {}, no file descriptor", id, memfd));
+    }
     m.id = static_cast<uint32_t>(id);
+    m.memfd = memfd == kNotShared ? -1 : static_cast<int32_t>(memfd);
     m.keys.resize(keys);
     for (auto& k : m.keys) {
       if (!r.u64(k)) return Status::invalid_argument("mori descriptor truncated in its keys");

@@ -94,6 +94,7 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
     }
   }
   impl->desc.host_identity = impl->host_identity;
+  impl->desc.start_time = process_start_time(::getpid());
   impl->returned_at.assign(impl->endpoints.size(), Clock::time_point{});
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   impl->start_thread();
@@ -110,13 +111,27 @@ std::vector<std::string> IoEngine::Impl::provider_names() const {
 
 std::vector<std::string> IoEngine::providers() const { return impl_->provider_names(); }
 
+Result<void*> IoEngine::allocate(uint64_t length) {
+  if (!impl_->config.shared_pools) {
+    return Status::failed_precondition("mori has no memory of its own with shared_pools=off");
+  }
+  std::lock_guard lock(impl_->pools_mu);
+  return impl_->shared_pools.allocate(length);
+}
+
 Result<MemoryDesc> IoEngine::register_memory(void* base, uint64_t length) {
   if (base == nullptr || length == 0) return Status::invalid_argument("mori: empty buffer");
+  int32_t memfd = -1;
+  {
+    std::lock_guard lock(impl_->pools_mu);
+    memfd = impl_->shared_pools.memfd_of(reinterpret_cast<uint64_t>(base), length).value_or(-1);
+  }
   return impl_->thread.run([&]() -> Result<MemoryDesc> {
     Impl::Registered reg;
     reg.desc.engine_key = impl_->desc.key;
     reg.desc.base = reinterpret_cast<uint64_t>(base);
     reg.desc.length = length;
+    reg.desc.memfd = memfd;
     for (auto& e : impl_->endpoints) {
       fid_mr* mr = nullptr;
       int rc = -FI_ENOKEY;
@@ -175,10 +190,41 @@ Result<std::pair<size_t, size_t>> IoEngine::Impl::endpoint_for(const EngineDesc&
   return std::pair{*local, *theirs};
 }
 
-Status IoEngine::register_remote_engine(const EngineDesc& remote) {
+std::shared_ptr<const PeerMappings> IoEngine::Impl::map_pools(
+    const std::string& key, const PeerProcess& process, std::span<const MemoryDesc> memory) const {
+  std::vector<SharedBuffer> shared;
+  for (const MemoryDesc& m : memory) {
+    if (m.memfd >= 0) shared.push_back({m.base, m.length, m.memfd});
+  }
+  if (shared.empty() || process.fd() < 0) return nullptr;
+  auto mapped = std::make_shared<PeerMappings>();
+  if (const Status st = mapped->map(process.fd(), shared); !st.is_ok()) {
+    logger("mori")->info("engine '{}': a shared pool is not mapped ({}); shm writes into it", key,
+                         st.message());
+  }
+  if (mapped->empty()) return nullptr;
+  return mapped;
+}
+
+Status IoEngine::register_remote_engine(const EngineDesc& remote,
+                                        std::span<const MemoryDesc> memory) {
   PDKV_ASSIGN_OR_RETURN(const auto chosen, impl_->endpoint_for(remote));
   // Named, not a structured binding: lambdas capture these (clang 14).
   const auto local = chosen.first, theirs = chosen.second;
+  // A peer over shm: its process watched, and its pools mapped, here rather
+  // than on the progress thread.
+  std::shared_ptr<const PeerProcess> process;
+  std::shared_ptr<const PeerMappings> mapped;
+  if (const pid_t pid = shm_address_pid(remote.endpoints[theirs].address);
+      impl_->endpoints[local]->provider == "shm" && pid > 0) {
+    process = std::make_shared<const PeerProcess>(pid);
+    // After the pidfd exists, a matching start time proves it is the
+    // engine's process, not a later one that reuses its pid: only then are
+    // the memfds it names that engine's pools.
+    if (impl_->config.shared_pools && process_start_time(pid) == remote.start_time) {
+      mapped = impl_->map_pools(remote.key, *process, memory);
+    }
+  }
   return impl_->thread.run([&]() -> Status {
     Endpoint& e = *impl_->endpoints[local];
     fi_addr_t addr = FI_ADDR_UNSPEC;
@@ -195,11 +241,8 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote) {
       peer.desc = remote;
       peer.endpoint = local;
       peer.addr = addr;
-      peer.process.reset();
-      if (const pid_t pid = shm_address_pid(remote.endpoints[theirs].address);
-          e.provider == "shm" && pid > 0) {
-        peer.process = std::make_shared<const PeerProcess>(pid);
-      }
+      peer.process = process;
+      peer.mapped = mapped;
       impl_->nonces[remote.nonce] = remote.key;
       impl_->failures.forget(remote.key);  // a new engine by that key from now on
     }
@@ -450,6 +493,18 @@ Status IoEngine::send_after(const std::string& remote_key, std::span<const Trans
 std::vector<std::string> IoEngine::take_messages() {
   std::lock_guard lock(impl_->mu);
   return std::exchange(impl_->messages, {});
+}
+
+uint64_t IoEngine::copied_bytes() const { return impl_->copied_bytes.load(); }
+
+bool IoEngine::copies_from(const EngineDesc& remote, std::span<const MemoryDesc> memory) const {
+  const auto chosen = impl_->endpoint_for(remote);
+  if (!chosen.is_ok() || impl_->endpoints[chosen->first]->provider != "shm") return false;
+  const auto shared = [](const MemoryDesc& m) { return m.memfd >= 0; };
+  if (!std::any_of(memory.begin(), memory.end(), shared)) return false;  // its pools are not
+  std::lock_guard lock(impl_->mu);
+  return std::any_of(impl_->registered.begin(), impl_->registered.end(),
+                     [&](const Impl::Registered& r) { return shared(r.desc); });
 }
 
 uint64_t IoEngine::dropped_messages() const {

@@ -24,6 +24,14 @@
 // provider has none. Each peer has its own queue of operations to post, so
 // that a peer the provider answers with -FI_EAGAIN holds up no other.
 //
+// Same-host peers' pools (shared_pool.h): memory this engine allocates
+// (allocate) lives in sealed memfds that its descriptor names; an engine
+// that reaches such a peer over shm maps those pools when it registers the
+// peer with its memory, and its progress thread copies a write's bodies
+// (and reads) into and out of them with memcpy instead of posting them.
+// The signal, which tells the target, still goes through the provider, once
+// the copies are done.
+//
 // Messages (send_after): a short message to a peer, sent once the transfers
 // it follows have succeeded, that is once the peer has their bytes
 // (delivery complete); the peer's endpoint keeps receives posted for them
@@ -59,6 +67,10 @@ struct IoEngineConfig {
   // accounted for when the provider returns them): option timeout_ms, else
   // the engine's transfer timeout.
   std::chrono::milliseconds transfer_timeout{30'000};
+  // Option shared_pools=on|off: whether allocate() hands out memfd-backed
+  // pools and peers' pools are mapped (off: every byte goes through the
+  // provider, as on another host).
+  bool shared_pools = true;
 };
 
 // The configuration the `mori` transport's options (TransportOptions) ask
@@ -66,7 +78,8 @@ struct IoEngineConfig {
 Result<IoEngineConfig> config_from(const TransportOptions& options);
 
 // What a peer needs to reach this engine: its key, a nonce that tags its
-// transfer ids, where it runs, and one fabric address per provider.
+// transfer ids, where it runs (host, and its process's start time), and one
+// fabric address per provider.
 struct EngineDesc {
   struct Endpoint {
     std::string provider;
@@ -75,6 +88,7 @@ struct EngineDesc {
   std::string key;
   uint32_t nonce = 0;
   std::string host_identity;
+  uint64_t start_time = 0;  // of its process (process_start_time): tells a reused pid apart
   std::vector<Endpoint> endpoints;
   // Messages to this engine begin with this key, drawn at random, and one
   // that does not is dropped: only who holds the descriptor (and with it
@@ -88,6 +102,9 @@ struct MemoryDesc {
   uint32_t id = 0;
   uint64_t base = 0, length = 0;
   std::vector<uint64_t> keys;  // in the order of the engine's endpoints
+  // The number, in the engine's process, of a sealed memfd whose offset 0
+  // holds `base` (IoEngine::allocate); -1 when the memory is not shared.
+  int32_t memfd = -1;
 };
 
 std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory);
@@ -116,9 +133,16 @@ class IoEngine {
   // The providers this engine opened, in endpoint order.
   std::vector<std::string> providers() const;
 
+  // `length` zeroed bytes in a sealed memfd (shared_pool.h), which a peer on
+  // this host maps once it is registered; they live as long as the engine.
+  // kFailedPrecondition with shared_pools off.
+  Result<void*> allocate(uint64_t length);
   Result<MemoryDesc> register_memory(void* base, uint64_t length);
   // Adds a peer to the address vector of the provider it will be reached by.
-  Status register_remote_engine(const EngineDesc& remote);
+  // A peer reached over shm has those of `memory` that name a memfd mapped
+  // here (on the caller's thread: filling the page tables of gigabytes takes
+  // a while); one that cannot be mapped is left to the provider.
+  Status register_remote_engine(const EngineDesc& remote, std::span<const MemoryDesc> memory = {});
   // The provider a registered peer is reached by.
   Result<std::string> provider_for(const std::string& engine_key) const;
 
@@ -187,6 +211,14 @@ class IoEngine {
   // Called on the progress thread, with no lock of the engine held, after
   // messages arrived.
   void set_message_callback(std::function<void()> callback);
+
+  // Bytes this engine's progress thread copied into or out of peers' mapped
+  // pools; the provider moved the rest.
+  uint64_t copied_bytes() const;
+  // Whether the engine of `remote`, with `memory`, copies into this engine's
+  // pools when it writes here: on this host over shm, with shared pools on
+  // both sides.
+  bool copies_from(const EngineDesc& remote, std::span<const MemoryDesc> memory) const;
 
   // Memory ordering against the bytes peers move (see Transport).
   void acquire_inbound_writes() const;

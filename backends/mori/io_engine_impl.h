@@ -32,6 +32,7 @@
 #include "io_engine.h"
 #include "peer_process.h"
 #include "progress_thread.h"
+#include "shared_pool.h"
 #include "transport_signal.h"
 
 namespace pdkv::backends::mori {
@@ -53,6 +54,9 @@ struct Op {
   // The peer's endpoint places this write before any posted after it: the
   // transfer's signal need not wait for its completion.
   bool ordered = false;
+  // Where the progress thread copies this body (or read) instead, in a
+  // same-host peer's mapped pool (post_burst); it is then done at once.
+  char* mapped = nullptr;
   char* local = nullptr;
   void* local_desc = nullptr;
   uint64_t length = 0;
@@ -74,6 +78,9 @@ struct IoEngine::Impl {
     std::deque<std::unique_ptr<Op>> queue;       // to post, in order: its own, so that a
                                                  // peer the provider stalls stalls no other
     std::shared_ptr<const PeerProcess> process;  // shm peers' process, watched
+    // Its pools mapped here (shared_pool.h), fixed at registration; a burst
+    // holds them while it copies, in case the peer goes meanwhile.
+    std::shared_ptr<const PeerMappings> mapped;
   };
   // A failed peer's address, removed from its AV once no operation of its
   // transfers is with the provider.
@@ -107,6 +114,7 @@ struct IoEngine::Impl {
     std::string peer;
     size_t endpoint = 0;
     std::shared_ptr<const PeerProcess> process;
+    std::shared_ptr<const PeerMappings> mapped;
     std::vector<std::unique_ptr<Op>> ops;
     size_t posted = 0;   // ops[0, posted) went to the provider
     int refused_rc = 0;  // else: it refused ops[posted] with this, and the burst stopped
@@ -159,6 +167,11 @@ struct IoEngine::Impl {
   std::atomic<bool> lost{false};
   std::thread late_reports;  // delivers the failures reported as it gave up
 
+  // allocate()'s pools: their own lock, since filling gigabytes of pages
+  // takes a while and the progress thread has no use for them.
+  std::mutex pools_mu;
+  SharedPools shared_pools;
+
   // mu guards what other threads share with the progress thread, and is
   // held only while that state is read or changed, never across a call
   // into the provider.
@@ -169,8 +182,9 @@ struct IoEngine::Impl {
   std::map<uint32_t, std::string> nonces;  // peer nonce -> engine key
   std::set<TransferId> inbound;            // landed, not yet popped
   std::vector<PendingMessage> pending_messages;
-  std::vector<std::string> messages;  // peers' messages, not yet taken
-  uint64_t dropped_messages = 0;      // without our inbox key
+  std::vector<std::string> messages;      // peers' messages, not yet taken
+  uint64_t dropped_messages = 0;          // without our inbox key
+  std::atomic<uint64_t> copied_bytes{0};  // the progress thread's, into peers' mapped pools
   // Per endpoint: when its provider last returned one of our operations.
   // Draining transfers count it as progress: a provider busy with other
   // transfers' operations ahead of theirs is not stuck.
@@ -209,6 +223,9 @@ struct IoEngine::Impl {
   bool post_queued();
   std::vector<Burst> take_queued();
   void post_burst(Burst& burst);
+  // Finds the operations of `burst` that go into (or come from) the peer's
+  // mapped pools; returns the index after the last that the provider takes.
+  size_t find_mapped(Burst& burst) const;
   void settle_burst(Burst& burst);
   bool read_completions(size_t endpoint);
   // A receive completed (or failed): its message kept, the slot posted again.
@@ -224,6 +241,10 @@ struct IoEngine::Impl {
   void queue_message(const std::string& peer, std::string payload);
   void check_deadlines(Clock::time_point now);
   Result<std::pair<size_t, size_t>> endpoint_for(const EngineDesc& remote) const;
+  // Any thread, no lock held: those of `memory` that name a memfd, mapped
+  // through the peer's pidfd; nullptr when none is.
+  std::shared_ptr<const PeerMappings> map_pools(const std::string& key, const PeerProcess& process,
+                                                std::span<const MemoryDesc> memory) const;
   std::vector<std::string> provider_names() const;
   // mu held, any thread:
   void fail_exited_peers(bool queued_only);

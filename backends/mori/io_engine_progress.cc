@@ -153,7 +153,7 @@ std::vector<IoEngine::Impl::Burst> IoEngine::Impl::take_queued() {
   fail_exited_peers(/*queued_only=*/true);  // no write starts to a peer that is gone
   for (auto& [key, peer] : peers) {
     if (peer.queue.empty()) continue;
-    Burst b{key, peer.endpoint, peer.process, {}, 0, 0};
+    Burst b{key, peer.endpoint, peer.process, peer.mapped, {}, 0, 0};
     while (!peer.queue.empty() && b.ops.size() < kPostBurst) {
       std::unique_ptr<Op> op = std::move(peer.queue.front());
       peer.queue.pop_front();
@@ -175,15 +175,38 @@ std::vector<IoEngine::Impl::Burst> IoEngine::Impl::take_queued() {
   return bursts;
 }
 
+// The signal is never copied: it is what tells the target, through the
+// provider, once the copies before it are done.
+size_t IoEngine::Impl::find_mapped(Burst& b) const {
+  size_t provider_end = 0;
+  for (size_t i = 0; i < b.ops.size(); ++i) {
+    Op& op = *b.ops[i];
+    const bool copyable = b.mapped && !op.message && !op.signal;
+    op.mapped = copyable ? b.mapped->local(op.remote_addr, op.length) : nullptr;
+    if (op.mapped == nullptr) provider_end = i + 1;
+  }
+  return provider_end;
+}
+
 // Posts in order until the provider says -FI_EAGAIN (the rest wait for the
 // next pass) or refuses one: nothing behind a refused write may go, for a
-// signal there would say it landed. Each but the last of a burst says
-// FI_MORE: another follows at once, and what a provider defers for it is
-// flushed by a later post.
+// signal there would say it landed. An operation into (or out of) the
+// peer's mapped pools is a memcpy, done here. Each post but the burst's
+// last says FI_MORE: another follows at once, and what a provider defers
+// for it is flushed by a later post.
 void IoEngine::Impl::post_burst(Burst& b) {
   Endpoint& e = *endpoints[b.endpoint];
+  const size_t provider_end = find_mapped(b);
   for (; b.posted < b.ops.size(); ++b.posted) {
     Op& op = *b.ops[b.posted];
+    if (op.mapped != nullptr) {
+      if (op.read) {
+        std::memcpy(op.local, op.mapped, op.length);
+      } else {
+        std::memcpy(op.mapped, op.local, op.length);
+      }
+      continue;
+    }
     iovec iov{op.local, op.length};
     fi_rma_iov rma{op.remote_addr, op.length, op.key};
     fi_msg_rma msg{};
@@ -194,7 +217,7 @@ void IoEngine::Impl::post_burst(Burst& b) {
     msg.rma_iov = &rma;
     msg.rma_iov_count = 1;
     msg.context = &op;
-    uint64_t flags = FI_COMPLETION | (b.posted + 1 < b.ops.size() ? FI_MORE : 0);
+    uint64_t flags = FI_COMPLETION | (b.posted + 1 < provider_end ? FI_MORE : 0);
     ssize_t rc;
     if (op.message) {
       iov = {op.payload.data(), op.payload.size()};
@@ -222,12 +245,19 @@ void IoEngine::Impl::post_burst(Burst& b) {
   }
 }
 
-// mu held. Posted operations are the provider's now; refused ones fail
-// their transfer; the rest go back to the front of their peer's queue.
+// mu held. Posted operations are the provider's now, copied ones done;
+// refused ones fail their transfer; the rest go back to the front of their
+// peer's queue.
 void IoEngine::Impl::settle_burst(Burst& b) {
   for (size_t i = 0; i < b.posted; ++i) {
-    Op* raw = b.ops[i].get();
-    posted.emplace(raw, std::move(b.ops[i]));
+    std::unique_ptr<Op>& op = b.ops[i];
+    if (op->mapped != nullptr) {
+      copied_bytes += op->length;
+      finish_op(std::move(op), Status::ok(), 0);
+      continue;
+    }
+    Op* raw = op.get();
+    posted.emplace(raw, std::move(op));
   }
   if (b.refused_rc != 0) {
     const Op& op = *b.ops[b.posted];

@@ -19,7 +19,17 @@ namespace pdkv::backends::mori {
 namespace {
 
 constexpr std::string_view kOptions =
-    "host=ADDR, transfer_timeout_ms=MS, provider=auto|shm|tcp;ofi_rxm|..., timeout_ms=MS";
+    "host=ADDR, transfer_timeout_ms=MS, provider=auto|shm|tcp;ofi_rxm|..., timeout_ms=MS, "
+    "shared_pools=on|off";
+
+// What one more write costs (TransportCapabilities::write_overhead_bytes):
+// through the provider, one fi_writemsg and its completion per fragment:
+// about 10 us on shm and tcp at 512-byte fragments, 7 (shm) to 20 us (tcp)
+// at page-sized ones, where staging measured faster than direct writes at
+// 1 -> 1; copied into a same-host peer's mapped pool, the bookkeeping of one
+// operation (docs/benchmarks.md).
+constexpr uint64_t kProviderWriteOverhead = 131072;
+constexpr uint64_t kCopiedWriteOverhead = 8192;
 
 }  // namespace
 
@@ -39,6 +49,8 @@ Result<IoEngineConfig> config_from(const TransportOptions& options) {
       if (!timeout_given) c.transfer_timeout = std::chrono::milliseconds(ms);
     } else if (key == "provider" && !value.empty()) {
       c.provider = value;
+    } else if (key == "shared_pools" && (value == "on" || value == "off")) {
+      c.shared_pools = value == "on";
     } else if (key == "timeout_ms") {
       PDKV_ASSIGN_OR_RETURN(uint64_t ms, parse_option_number("mori", key, value, 10, 3'600'000));
       c.transfer_timeout = std::chrono::milliseconds(ms);
@@ -92,12 +104,23 @@ class MoriTransport final : public Transport {
     // A batch's notification is a message sent once its transfers have
     // succeeded (IoEngine::send_after).
     caps.notifications = engine_->can_message();
-    // One fi_writemsg and its completion per fragment: about 10 us on shm
-    // and tcp at 512-byte fragments, 7 (shm) to 20 us (tcp) at page-sized
-    // ones, where staging measured faster than direct writes at 1 -> 1
-    // (docs/benchmarks.md).
-    caps.write_overhead_bytes = 131072;
+    caps.write_overhead_bytes = kProviderWriteOverhead;
     return caps;
+  }
+  // A source on this host that maps our pools copies its writes.
+  uint64_t write_overhead_bytes_from(std::string_view source_descriptor) const override {
+    EngineDesc engine;
+    std::vector<MemoryDesc> memory;
+    if (decode(source_descriptor, engine, memory).is_ok() && engine_->copies_from(engine, memory)) {
+      return kCopiedWriteOverhead;
+    }
+    return kProviderWriteOverhead;
+  }
+
+  // Pools a peer on this host maps (IoEngine::allocate).
+  Result<MemoryRegion> allocate(uint64_t length) override {
+    PDKV_ASSIGN_OR_RETURN(void* base, engine_->allocate(length));
+    return MemoryRegion{base, length};
   }
 
   Result<RegionKey> register_region(const MemoryRegion& region) override {
@@ -121,7 +144,7 @@ class MoriTransport final : public Transport {
   Result<PeerId> connect(std::string_view peer_descriptor) override {
     Peer peer;
     PDKV_RETURN_IF_ERROR(decode(peer_descriptor, peer.engine, peer.memory));
-    PDKV_RETURN_IF_ERROR(engine_->register_remote_engine(peer.engine));
+    PDKV_RETURN_IF_ERROR(engine_->register_remote_engine(peer.engine, peer.memory));
     std::lock_guard lock(mu_);
     const PeerId id = next_peer_++;
     by_engine_[peer.engine.key].insert(id);

@@ -49,6 +49,8 @@ class PeerProcess {
 
   bool watched() const { return fd_ >= 0 || gone_at_start_; }
   pid_t pid() const { return pid_; }
+  // Its pidfd (pidfd_getfd takes a peer's memfds through it); -1 if none.
+  int fd() const { return fd_; }
   // A pidfd is readable once its process has exited (a zombie too).
   bool exited() const {
     if (gone_at_start_) return true;

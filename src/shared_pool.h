@@ -1,7 +1,8 @@
-// The same-host path's fast lane: pools in shared memory that a peer on the
-// same host maps and copies into with memcpy, instead of asking the kernel
-// for each slice (process_vm_writev pins and copies page by page, and moved
-// 0.55-0.6 x one core's memcpy here).
+// The same-host fast lane of the backends that have one (mooncake, mori):
+// pools in shared memory that a peer on the same host maps and copies into
+// with memcpy, instead of asking the kernel or a provider for each slice
+// (process_vm_writev pins and copies page by page, and moved 0.55-0.6 x one
+// core's memcpy here).
 //
 // A segment's own side: allocate() hands out memory backed by a memfd; its
 // descriptor lists the memfd's number beside the buffer. A writer's side:
@@ -9,20 +10,44 @@
 // pidfd_getfd (the same permission process_vm_writev needs: it grants no
 // access the same-host path did not have) and maps them shared.
 //
-// Thread-safety: SharedPools is guarded by its owner (the engine's
-// buffers_mu); PeerMappings belongs to one Peer, on its loop's thread.
+// Thread-safety: each is guarded by its owner (mooncake: the engine's
+// buffers_mu, and a Peer on its loop's thread; mori: the engine's mu, and
+// the progress thread while it copies).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
-#include <memory>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <vector>
 
 #include "pdkv/status.h"
-#include "segment.h"
 
-namespace pdkv::backends::mooncake {
+namespace pdkv {
+
+// A buffer as its owner's peers learn of it.
+struct SharedBuffer {
+  uint64_t base = 0, length = 0;  // virtual addresses in the owner's process
+  // The number, in the owner's process, of a sealed memfd whose offset 0
+  // holds `base`; -1 when the buffer is not shared.
+  int32_t memfd = -1;
+  // Whether it holds all of [addr, addr + length) (written so that no sum
+  // can overflow).
+  bool holds(uint64_t addr, uint64_t bytes) const {
+    return addr >= base && addr - base <= length && bytes <= length - (addr - base);
+  }
+};
+
+// Of `sorted`, in order of base_of(entry), the entry with the greatest base
+// at or below `addr` (the only one that can hold it where entries do not
+// overlap), or nullptr.
+template <typename T, typename BaseOf>
+const T* last_at_or_below(std::span<const T> sorted, uint64_t addr, BaseOf base_of) {
+  auto after = std::upper_bound(sorted.begin(), sorted.end(), addr,
+                                [&](uint64_t a, const T& e) { return a < base_of(e); });
+  return after == sorted.begin() ? nullptr : &*std::prev(after);
+}
 
 // Memory this segment allocated in memfds; unmapped and closed with it.
 class SharedPools {
@@ -61,7 +86,7 @@ class PeerMappings {
   // tables of gigabytes of pools takes a while: call it on no event loop. A buffer that cannot
   // be mapped is left to the kernel's copy; the first reason is returned for
   // the log.
-  Status map(int pidfd, std::span<const SegmentDescriptor::Buffer> buffers);
+  Status map(int pidfd, std::span<const SharedBuffer> buffers);
   // Where [remote, remote + length) of the peer lies in this process, or
   // nullptr when no mapping holds all of it.
   char* local(uint64_t remote, uint64_t length) const;
@@ -69,10 +94,10 @@ class PeerMappings {
 
  private:
   struct Mapping {
-    SegmentDescriptor::Buffer remote;
+    SharedBuffer remote;
     char* local;
   };
   std::vector<Mapping> mappings_;  // by remote.base: local() runs once per slice
 };
 
-}  // namespace pdkv::backends::mooncake
+}  // namespace pdkv

@@ -16,7 +16,7 @@
 #define SYS_pidfd_getfd 438  // the same on every architecture (Linux 5.6)
 #endif
 
-namespace pdkv::backends::mooncake {
+namespace pdkv {
 namespace {
 
 std::string errno_text() { return std::strerror(errno); }
@@ -46,8 +46,8 @@ SharedPools::~SharedPools() {
 }
 
 Result<void*> SharedPools::allocate(uint64_t length) {
-  if (length == 0) return Status::invalid_argument("mooncake: a shared pool of 0 bytes");
-  const int fd = ::memfd_create("pdkv-mooncake-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (length == 0) return Status::invalid_argument("a shared pool of 0 bytes");
+  const int fd = ::memfd_create("pdkv-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Status::unavailable("memfd_create: " + errno_text());
   // Sealed at its size: a peer that maps it can trust that no page it
   // writes will vanish under it (a shrunk memfd would raise SIGBUS there).
@@ -80,7 +80,7 @@ PeerMappings::~PeerMappings() {
   for (const Mapping& m : mappings_) ::munmap(m.local, m.remote.length);
 }
 
-Status PeerMappings::map(int pidfd, std::span<const SegmentDescriptor::Buffer> buffers) {
+Status PeerMappings::map(int pidfd, std::span<const SharedBuffer> buffers) {
   Status first_failure;
   for (const auto& b : buffers) {
     if (b.memfd < 0) continue;
@@ -115,8 +115,8 @@ char* PeerMappings::local(uint64_t remote, uint64_t length) const {
   // miss here leaves the slice to the kernel's copy, which is as right).
   const Mapping* m =
       last_at_or_below<Mapping>(mappings_, remote, [](const Mapping& e) { return e.remote.base; });
-  if (m == nullptr || find_buffer({&m->remote, 1}, remote, length) == nullptr) return nullptr;
+  if (m == nullptr || !m->remote.holds(remote, length)) return nullptr;
   return m->local + (remote - m->remote.base);
 }
 
-}  // namespace pdkv::backends::mooncake
+}  // namespace pdkv

@@ -1,0 +1,151 @@
+// mori's same-host pools (io_engine.h, shared_pool.h): memory an engine
+// allocates is a sealed memfd its descriptor names; an initiator that
+// reaches it over shm maps it and copies a transfer's bodies (and reads)
+// with memcpy, while the signal still goes through the provider. Ordinary
+// memory, another provider, or shared_pools=off leave every byte to the
+// provider, and so does a pool whose process's start time is not the one
+// its descriptor gave (a reused pid). Byte checks use patterns computed here; the copied byte
+// counts are worked out by hand from the writes each test makes.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "io_engine.h"
+#include "support/poll.h"
+
+namespace pdkv::backends::mori {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kBytes = 3 * kMiB;
+constexpr uint64_t kReadBytes = 65536;
+
+IoEngineConfig config(const std::string& key, const std::string& provider, bool shared_pools) {
+  IoEngineConfig c;
+  c.key = key;
+  c.provider = provider;
+  c.shared_pools = shared_pools;
+  return c;
+}
+
+bool finished(IoEngine& e, TransferId id) {
+  TransferStatus st;
+  testing::poll_until(
+      [&] { return (st = e.transfer_status(id)).state != TransferState::kInProgress; }, 20s);
+  EXPECT_EQ(st.state, TransferState::kSuccess) << st.error.to_string();
+  return st.state == TransferState::kSuccess;
+}
+
+std::vector<char> pattern(uint64_t bytes) {
+  std::vector<char> v(bytes);
+  for (uint64_t i = 0; i < bytes; ++i) v[i] = static_cast<char>(i * 29 + (i >> 13) + 3);
+  return v;
+}
+
+// `src` (ordinary memory) written to the target's `dst` in four writes,
+// the last of them (the signal) 4 KiB, then the first 64 KiB of `dst` read
+// back into src + kBytes. Returns the initiator's copied bytes.
+// `reused_pid`: the target's descriptor gives another start time for its
+// process, as a pid reused by a later process would show.
+uint64_t write_then_read(const std::string& provider, bool initiator_pools, bool target_pools,
+                         bool dst_from_pool, bool reused_pid = false) {
+  std::vector<char> src = pattern(kBytes);
+  src.resize(kBytes + kReadBytes, 0);
+  std::vector<char> ordinary(kBytes, 0);
+  auto initiator = IoEngine::create(config("initiator", provider, initiator_pools)).value();
+  auto target = IoEngine::create(config("target", provider, target_pools)).value();
+  char* dst = ordinary.data();
+  if (dst_from_pool) dst = static_cast<char*>(target->allocate(kBytes).value());
+  const MemoryDesc mine = initiator->register_memory(src.data(), src.size()).value();
+  const MemoryDesc theirs = target->register_memory(dst, kBytes).value();
+  EXPECT_EQ(mine.memfd, -1);  // not allocated by the engine
+  EXPECT_EQ(theirs.memfd >= 0, dst_from_pool);
+  target->release_to_peers();
+  EngineDesc target_desc = target->desc();
+  if (reused_pid) target_desc.start_time += 1;
+  EXPECT_TRUE(initiator->register_remote_engine(target_desc, {&theirs, 1}).is_ok());
+  EXPECT_TRUE(target->register_remote_engine(initiator->desc()).is_ok());
+  auto session = initiator->create_session(mine, theirs).value();
+
+  const std::vector<uint64_t> offsets = {0, kMiB, 2 * kMiB, kBytes - 4096},
+                              sizes = {kMiB, kMiB, kMiB - 4096, 4096};
+  const TransferId write = initiator->allocate_transfer_id();
+  EXPECT_TRUE(session.batch_write(offsets, offsets, sizes, write).is_ok());
+  if (!finished(*initiator, write)) return UINT64_MAX;
+  EXPECT_TRUE(testing::poll_until(
+      [&] { return target->pop_inbound_transfer_status("initiator", write); }, 10s));
+  target->acquire_inbound_writes();
+  EXPECT_EQ(std::memcmp(dst, src.data(), kBytes), 0);
+
+  const TransferId read = initiator->allocate_transfer_id();
+  const std::vector<uint64_t> at_end = {kBytes}, at_start = {0}, read_size = {kReadBytes};
+  EXPECT_TRUE(session.batch_read(at_end, at_start, read_size, read).is_ok());
+  if (!finished(*initiator, read)) return UINT64_MAX;
+  EXPECT_EQ(std::memcmp(src.data() + kBytes, src.data(), kReadBytes), 0);
+  return initiator->copied_bytes();
+}
+
+TEST(MoriSharedPool, APoolOnThisHostIsCopiedIntoAndOutOfButTheSignalGoesThroughShm) {
+  // Three bodies copied (3 MiB - 4 KiB), the 4 KiB signal posted, the read copied.
+  EXPECT_EQ(write_then_read("shm", true, true, true), kBytes - 4096 + kReadBytes);
+  EXPECT_EQ(write_then_read("auto", true, true, true), kBytes - 4096 + kReadBytes);
+}
+
+TEST(MoriSharedPool, OtherMemoryProvidersAndSharedPoolsOffLeaveEveryByteToTheProvider) {
+  EXPECT_EQ(write_then_read("shm", true, true, false), 0u);         // ordinary memory
+  EXPECT_EQ(write_then_read("tcp;ofi_rxm", true, true, true), 0u);  // not over shm
+  EXPECT_EQ(write_then_read("shm", false, true, true), 0u);         // the initiator's off
+  EXPECT_EQ(write_then_read("shm", true, true, true, true), 0u);    // not that process
+  auto off = IoEngine::create(config("off", "shm", false)).value();
+  const auto refused = off->allocate(4096);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("shared_pools=off"), std::string::npos)
+      << refused.status().message();
+}
+
+// What the decode side's staging choice asks: a source copies into this
+// engine's pools when both sides have them and it comes over shm.
+TEST(MoriSharedPool, ASourceCopiesOnlyWithPoolsOnBothSidesOverShm) {
+  auto here = IoEngine::create(config("here", "auto", true)).value();
+  auto source = IoEngine::create(config("source", "auto", true)).value();
+  std::vector<char> ordinary(4096);
+  const MemoryDesc plain = source->register_memory(ordinary.data(), 4096).value();
+  const MemoryDesc pooled = source->register_memory(source->allocate(4096).value(), 4096).value();
+  EXPECT_FALSE(here->copies_from(source->desc(), {&pooled, 1}));  // none of ours is shared yet
+  (void)here->register_memory(here->allocate(8192).value(), 8192).value();
+  EXPECT_TRUE(here->copies_from(source->desc(), {&pooled, 1}));
+  EXPECT_FALSE(here->copies_from(source->desc(), {&plain, 1}));
+  EngineDesc elsewhere = source->desc();
+  elsewhere.host_identity = "another host";
+  EXPECT_FALSE(here->copies_from(elsewhere, {&pooled, 1}));
+}
+
+TEST(MoriSharedPool, TheDescriptorCarriesEachMemorysMemfd) {
+  auto e = IoEngine::create(config("e", "shm", true)).value();
+  MemoryDesc shared{"e", 0, 0x10000, 4096, {0x1234}, 7};
+  MemoryDesc plain{"e", 1, 0x20000, 8192, {0x5678}, -1};
+  std::string blob = encode(e->desc(), std::vector<MemoryDesc>{shared, plain});
+  EngineDesc desc;
+  std::vector<MemoryDesc> memory;
+  ASSERT_TRUE(decode(blob, desc, memory).is_ok());
+  ASSERT_EQ(memory.size(), 2u);
+  EXPECT_EQ(memory[0].memfd, 7);
+  EXPECT_EQ(memory[1].memfd, -1);
+
+  // A number no file descriptor can have is refused, by name: the memfd
+  // field follows the first memory's base and length.
+  const uint64_t base_and_length[2] = {0x10000, 4096};
+  const size_t at = blob.find(std::string(reinterpret_cast<const char*>(base_and_length), 16));
+  ASSERT_NE(at, std::string::npos);
+  const uint64_t huge = uint64_t{1} << 40;
+  std::memcpy(blob.data() + at + 16, &huge, 8);
+  const Status refused = decode(blob, desc, memory);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("memfd 1099511627776"), std::string::npos) << refused.message();
+}
+
+}  // namespace
+}  // namespace pdkv::backends::mori
