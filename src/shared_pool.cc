@@ -21,15 +21,21 @@ namespace {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// "" when `fd` is a memfd of at least `length` bytes that can never shrink;
-// else why not. Only such a mapping is safe to write into: the peer
-// controls the file, and a page beyond its end would kill this process.
-std::string check_sealed(int fd, uint64_t length) {
+// "" when `fd` is the memfd `b` describes (its inode), of at least its
+// length, and can never shrink; else why not. Only such a mapping is safe
+// to write into: the peer controls the file, and a page beyond its end
+// would kill this process; and a number its owner closed and opened again
+// would name another file, perhaps another engine's pool.
+std::string check_sealed(int fd, const SharedBuffer& b) {
+  const uint64_t length = b.length;
   const int seals = ::fcntl(fd, F_GET_SEALS);
   if (seals < 0) return "not a sealable memfd: " + errno_text();
   if ((seals & F_SEAL_SHRINK) == 0) return "not sealed against shrinking";
   struct stat st {};
   if (::fstat(fd, &st) != 0) return "fstat: " + errno_text();
+  if (static_cast<uint64_t>(st.st_ino) != b.memfd_inode) {
+    return fmt::format("inode {}, not the {} its owner described", st.st_ino, b.memfd_inode);
+  }
   if (static_cast<uint64_t>(st.st_size) < length) {
     return fmt::format("{} bytes, less than the buffer's {}", st.st_size, length);
   }
@@ -65,15 +71,18 @@ Result<void*> SharedPools::allocate(uint64_t length) {
     ::close(fd);
     return Status::unavailable(fmt::format("mmap of a {}-byte memfd: {}", length, why));
   }
-  pools_.push_back({reinterpret_cast<uint64_t>(base), length, fd});
+  struct stat st {};
+  (void)::fstat(fd, &st);  // of a memfd just made: it has an inode
+  pools_.push_back(
+      {reinterpret_cast<uint64_t>(base), length, fd, static_cast<uint64_t>(st.st_ino)});
   return base;
 }
 
-std::optional<int> SharedPools::memfd_of(uint64_t addr, uint64_t length) const {
+SharedBuffer SharedPools::describe(uint64_t addr, uint64_t length) const {
   for (const Pool& p : pools_) {
-    if (addr == p.base && length <= p.length) return p.memfd;
+    if (addr == p.base && length <= p.length) return {addr, length, p.memfd, p.inode};
   }
-  return std::nullopt;
+  return {addr, length, -1, 0};
 }
 
 PeerMappings::~PeerMappings() {
@@ -90,7 +99,7 @@ Status PeerMappings::map(int pidfd, std::span<const SharedBuffer> buffers) {
     if (fd < 0) {
       why = fmt::format("pidfd_getfd of its memfd {}: {}", b.memfd, errno_text());
     } else {
-      why = check_sealed(fd, b.length);
+      why = check_sealed(fd, b);
       if (why.empty()) {
         local = ::mmap(nullptr, b.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
         if (local == MAP_FAILED) why = "mmap: " + errno_text();

@@ -32,6 +32,9 @@ struct SharedBuffer {
   // The number, in the owner's process, of a sealed memfd whose offset 0
   // holds `base`; -1 when the buffer is not shared.
   int32_t memfd = -1;
+  // That memfd's inode: what proves, once a peer took the file by its
+  // number, that it is the file described (a number is reused once closed).
+  uint64_t memfd_inode = 0;
   // Whether it holds all of [addr, addr + length) (written so that no sum
   // can overflow).
   bool holds(uint64_t addr, uint64_t bytes) const {
@@ -59,13 +62,15 @@ class SharedPools {
 
   // `length` zeroed bytes, shared, page-aligned, their pages allocated.
   Result<void*> allocate(uint64_t length);
-  // The memfd holding [addr, addr + length) from its offset 0, if any.
-  std::optional<int> memfd_of(uint64_t addr, uint64_t length) const;
+  // [addr, addr + length) as peers learn of it: with the memfd (and its
+  // inode) that holds it from its offset 0, if one does.
+  SharedBuffer describe(uint64_t addr, uint64_t length) const;
 
  private:
   struct Pool {
     uint64_t base, length;
     int memfd;
+    uint64_t inode;
   };
   std::vector<Pool> pools_;
 };
@@ -80,8 +85,8 @@ class PeerMappings {
   ~PeerMappings();
 
   // Maps every buffer of `buffers` that names a memfd, taken through the
-  // peer's `pidfd`, with its page tables filled in now (MAP_POPULATE): with
-  // a fault on every 4 KiB page at the first write, a cold 4 GiB request
+  // peer's `pidfd` and found to be the file described (its inode), with its page tables filled in
+  // now (MAP_POPULATE): with a fault on every 4 KiB page at the first write, a cold 4 GiB request
   // took 16-19 s on this VM instead of 9 (docs/benchmarks.md). Filling the
   // tables of gigabytes of pools takes a while: call it on no event loop. A buffer that cannot
   // be mapped is left to the kernel's copy; the first reason is returned for

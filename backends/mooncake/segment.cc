@@ -17,7 +17,7 @@
 namespace pdkv::backends::mooncake {
 namespace {
 
-constexpr std::string_view kMagic = "pdkv-mooncake-2";
+constexpr std::string_view kMagic = "pdkv-mooncake-3";  // 3: each memfd's inode
 constexpr uint64_t kMaxEntries = 1 << 20;
 constexpr uint64_t kNotShared = ~uint64_t{0};  // a buffer's memfd field
 
@@ -38,6 +38,7 @@ std::string SegmentDescriptor::encode() const {
     w.u64(b.base);
     w.u64(b.length);
     w.u64(b.memfd < 0 ? kNotShared : static_cast<uint64_t>(b.memfd));
+    w.u64(b.memfd_inode);
   }
   return w.take();
 }
@@ -65,13 +66,14 @@ Result<SegmentDescriptor> SegmentDescriptor::decode(std::string_view blob) {
       return Status::invalid_argument("mooncake descriptor truncated in its rails");
     d.rails.emplace_back(rail);
   }
-  if (!r.u64(buffers) || buffers > kMaxEntries || buffers > r.left() / 24) {
+  if (!r.u64(buffers) || buffers > kMaxEntries || buffers > r.left() / 32) {
     return Status::invalid_argument("mooncake descriptor truncated before its buffers");
   }
   d.buffers.resize(buffers);
   for (auto& b : d.buffers) {
     uint64_t memfd = 0;
-    if (!r.u64(b.base) || !r.u64(b.length) || !r.u64(memfd) || b.base + b.length < b.base) {
+    if (!r.u64(b.base) || !r.u64(b.length) || !r.u64(memfd) || !r.u64(b.memfd_inode) ||
+        b.base + b.length < b.base) {
       return Status::invalid_argument("mooncake descriptor truncated in its buffers");
     }
     if (memfd != kNotShared && memfd > uint64_t{INT32_MAX}) {

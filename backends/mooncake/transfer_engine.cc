@@ -274,7 +274,7 @@ Status TransferEngine::register_local_memory(void* addr, uint64_t length) {
   if (addr == nullptr || length == 0) return Status::invalid_argument("mooncake: empty buffer");
   const auto base = reinterpret_cast<uint64_t>(addr);
   std::unique_lock lock(impl_->buffers_mu);
-  impl_->buffers.push_back({base, length, impl_->shared_pools.memfd_of(base, length).value_or(-1)});
+  impl_->buffers.push_back(impl_->shared_pools.describe(base, length));
   impl_->buffer_index = BufferIndex(impl_->buffers);
   return Status::ok();
 }

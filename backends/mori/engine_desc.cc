@@ -8,7 +8,8 @@
 namespace pdkv::backends::mori {
 namespace {
 
-// 2: the inbox key; 3: the process's start time and each memory's memfd.
+// 2: the inbox key; 3: the process's start time and each memory's memfd
+// and its inode.
 constexpr std::string_view kMagic = "pdkv-mori-3";
 constexpr uint64_t kMaxEntries = 1 << 20;
 constexpr uint64_t kNotShared = UINT64_MAX;  // a memory's memfd field when it has none
@@ -34,6 +35,7 @@ std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory)
     w.u64(m.base);
     w.u64(m.length);
     w.u64(m.memfd < 0 ? kNotShared : static_cast<uint64_t>(m.memfd));
+    w.u64(m.memfd_inode);
     w.u64(m.keys.size());
     for (uint64_t k : m.keys) w.u64(k);
   }
@@ -70,8 +72,8 @@ Status decode(std::string_view blob, EngineDesc& engine, std::vector<MemoryDesc>
     MemoryDesc m;
     m.engine_key = engine.key;
     uint64_t id = 0, memfd = 0, keys = 0;
-    if (!r.u64(id) || !r.u64(m.base) || !r.u64(m.length) || !r.u64(memfd) || !r.u64(keys) ||
-        keys != endpoints) {
+    if (!r.u64(id) || !r.u64(m.base) || !r.u64(m.length) || !r.u64(memfd) ||
+        !r.u64(m.memfd_inode) || !r.u64(keys) || keys != endpoints) {
       return Status::invalid_argument("mori descriptor truncated in its memory");
     }
     if (memfd != kNotShared && memfd > INT32_MAX) {

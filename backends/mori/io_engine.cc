@@ -121,17 +121,18 @@ Result<void*> IoEngine::allocate(uint64_t length) {
 
 Result<MemoryDesc> IoEngine::register_memory(void* base, uint64_t length) {
   if (base == nullptr || length == 0) return Status::invalid_argument("mori: empty buffer");
-  int32_t memfd = -1;
+  SharedBuffer shared;
   {
     std::lock_guard lock(impl_->pools_mu);
-    memfd = impl_->shared_pools.memfd_of(reinterpret_cast<uint64_t>(base), length).value_or(-1);
+    shared = impl_->shared_pools.describe(reinterpret_cast<uint64_t>(base), length);
   }
   return impl_->thread.run([&]() -> Result<MemoryDesc> {
     Impl::Registered reg;
     reg.desc.engine_key = impl_->desc.key;
     reg.desc.base = reinterpret_cast<uint64_t>(base);
     reg.desc.length = length;
-    reg.desc.memfd = memfd;
+    reg.desc.memfd = shared.memfd;
+    reg.desc.memfd_inode = shared.memfd_inode;
     for (auto& e : impl_->endpoints) {
       fid_mr* mr = nullptr;
       int rc = -FI_ENOKEY;
@@ -194,7 +195,7 @@ std::shared_ptr<const PeerMappings> IoEngine::Impl::map_pools(
     const std::string& key, const PeerProcess& process, std::span<const MemoryDesc> memory) const {
   std::vector<SharedBuffer> shared;
   for (const MemoryDesc& m : memory) {
-    if (m.memfd >= 0) shared.push_back({m.base, m.length, m.memfd});
+    if (m.memfd >= 0) shared.push_back({m.base, m.length, m.memfd, m.memfd_inode});
   }
   if (shared.empty() || process.fd() < 0) return nullptr;
   auto mapped = std::make_shared<PeerMappings>();
@@ -215,13 +216,16 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote,
   // than on the progress thread.
   std::shared_ptr<const PeerProcess> process;
   std::shared_ptr<const PeerMappings> mapped;
+  const Endpoint& reaching = *impl_->endpoints[local];
   if (const pid_t pid = shm_address_pid(remote.endpoints[theirs].address);
-      impl_->endpoints[local]->provider == "shm" && pid > 0) {
+      reaching.provider == "shm" && pid > 0) {
     process = std::make_shared<const PeerProcess>(pid);
     // After the pidfd exists, a matching start time proves it is the
     // engine's process, not a later one that reuses its pid: only then are
     // the memfds it names that engine's pools.
-    if (impl_->config.shared_pools && process_start_time(pid) == remote.start_time) {
+    // Copies find their place by the peer's virtual addresses.
+    if (impl_->config.shared_pools && reaching.virt_addr &&
+        process_start_time(pid) == remote.start_time) {
       mapped = impl_->map_pools(remote.key, *process, memory);
     }
   }
@@ -234,15 +238,17 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote,
           fmt::format("mori engine '{}': its {} address was not accepted", remote.key, e.provider));
     }
     std::optional<Impl::Retired> replaced;
+    std::shared_ptr<const PeerMappings> unmapped;  // the old pools, dropped with no lock held
     {
       std::lock_guard lock(impl_->mu);
       Impl::Peer& peer = impl_->peers[remote.key];
-      if (peer.addr != FI_ADDR_UNSPEC && peer.addr != addr) replaced = {peer.endpoint, peer.addr};
+      if (peer.addr != FI_ADDR_UNSPEC && peer.addr != addr)
+        replaced = {peer.endpoint, peer.addr, nullptr};
       peer.desc = remote;
       peer.endpoint = local;
       peer.addr = addr;
       peer.process = process;
-      peer.mapped = mapped;
+      unmapped = std::exchange(peer.mapped, mapped);
       impl_->nonces[remote.nonce] = remote.key;
       impl_->failures.forget(remote.key);  // a new engine by that key from now on
     }
@@ -446,7 +452,11 @@ void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
 // Taking round_mu orders the caller after the round that moved bytes it
 // learnt of, and before the rounds that will move bytes into memory it
 // touched. (An atomic flag would not do: a provider may acknowledge bytes
-// inside a call, before any release that follows it.)
+// inside a call, before any release that follows it.) A same-host peer's
+// copies into our pools happen in its own process, outside our rounds; we
+// learn of them from the signal that follows them (its CQ entry, read in a
+// round), which the peer posts after a release fence: taking round_mu
+// orders the caller after those bytes too.
 void IoEngine::acquire_inbound_writes() const { impl_->wait_round(); }
 
 void IoEngine::release_to_peers() { impl_->wait_round(); }

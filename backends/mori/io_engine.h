@@ -103,8 +103,10 @@ struct MemoryDesc {
   uint64_t base = 0, length = 0;
   std::vector<uint64_t> keys;  // in the order of the engine's endpoints
   // The number, in the engine's process, of a sealed memfd whose offset 0
-  // holds `base` (IoEngine::allocate); -1 when the memory is not shared.
+  // holds `base` (IoEngine::allocate), and its inode; -1 when the memory is
+  // not shared.
   int32_t memfd = -1;
+  uint64_t memfd_inode = 0;
 };
 
 std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory);

@@ -55,7 +55,9 @@ struct Op {
   // transfer's signal need not wait for its completion.
   bool ordered = false;
   // Where the progress thread copies this body (or read) instead, in a
-  // same-host peer's mapped pool (post_burst); it is then done at once.
+  // same-host peer's mapped pool: set as it is taken into a burst, under
+  // mu (take_queued); the copy is done in post_burst, and the operation
+  // with it.
   char* mapped = nullptr;
   char* local = nullptr;
   void* local_desc = nullptr;
@@ -87,14 +89,21 @@ struct IoEngine::Impl {
   struct Retired {
     size_t endpoint = 0;
     fi_addr_t addr = FI_ADDR_UNSPEC;
+    // Its pools, unmapped as the entry is dropped (remove_retired), with no
+    // lock held: unmapping gigabytes takes a while.
+    std::shared_ptr<const PeerMappings> mapped;
   };
   struct Transfer {
     TransferId id = 0;
     std::string peer;
     size_t endpoint = 0;
     fi_addr_t addr = FI_ADDR_UNSPEC;
-    uint64_t outstanding = 0;         // posted or queued, not completed
-    uint64_t with_provider = 0;       // posted, not yet returned by the provider
+    uint64_t outstanding = 0;    // posted or queued, not completed
+    uint64_t with_provider = 0;  // posted, not yet returned by the provider
+    // Taken into a burst to be copied, not yet settled. A copy may be
+    // landing now and always ends: while one is due, no drain limit makes
+    // the transfer over.
+    uint64_t copying = 0;
     std::unique_ptr<Op> held_signal;  // posted once the others completed
     TransferStatus status;
     Clock::time_point deadline;
@@ -104,6 +113,7 @@ struct IoEngine::Impl {
     // `returned`: when its endpoint's provider last returned an operation.
     bool over(Clock::time_point now, Clock::time_point returned) {
       if (status.state != TransferState::kFailed || with_provider == 0) return true;
+      if (copying > 0) return false;
       drain.progressed(returned);
       return drain.passed(now);
     }
@@ -223,9 +233,8 @@ struct IoEngine::Impl {
   bool post_queued();
   std::vector<Burst> take_queued();
   void post_burst(Burst& burst);
-  // Finds the operations of `burst` that go into (or come from) the peer's
-  // mapped pools; returns the index after the last that the provider takes.
-  size_t find_mapped(Burst& burst) const;
+  static ssize_t post(Endpoint& endpoint, Op& op, uint64_t flags);
+  static char* copy_target(const PeerMappings* mapped, const Op& op);
   void settle_burst(Burst& burst);
   bool read_completions(size_t endpoint);
   // A receive completed (or failed): its message kept, the slot posted again.
@@ -236,6 +245,7 @@ struct IoEngine::Impl {
   void remove_retired();
   // mu held, progress thread:
   void finish_op(std::unique_ptr<Op> op, const Status& error, int err);
+  void settle_copy(const Op& op);
   // Transfer `id` ended: the messages that waited for it go, or are dropped.
   void release_messages(TransferId id, bool succeeded);
   void queue_message(const std::string& peer, std::string payload);

@@ -56,6 +56,9 @@ bool IoEngine::Impl::give_up_if_stuck() {
   for (auto& [id, t] : transfers) {
     fail_transfer(t, reason);
     t.drain.end(now);  // the provider returns nothing any more
+    // Nor does the thread copy: it is in a provider's call (the post watch
+    // covers nothing else), and never comes back.
+    t.copying = 0;
   }
   std::vector<std::string> keys;
   for (const auto& [key, peer] : peers) keys.push_back(key);
@@ -101,7 +104,7 @@ void IoEngine::Impl::fail_peer_locked(const std::string& key, const Status& reas
   nonces.erase(nonce);
   std::erase_if(inbound,
                 [nonce](TransferId id) { return static_cast<uint32_t>(id >> 32) == nonce; });
-  retired.push_back({p->second.endpoint, p->second.addr});
+  retired.push_back({p->second.endpoint, p->second.addr, std::move(p->second.mapped)});
   peers.erase(p);
   notify();
 }

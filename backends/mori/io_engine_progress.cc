@@ -135,9 +135,8 @@ bool IoEngine::Impl::post_queued() {
   if (bursts.empty()) return false;
   bool any = false;
   for (auto& b : bursts) {
-    if (b.process) post_watch.begin(b.process);
+    if (lost) break;  // given up (give_up_if_stuck): nothing more goes
     post_burst(b);
-    if (b.process) post_watch.end();
     any |= b.posted > 0;
   }
   std::lock_guard lock(mu);
@@ -168,6 +167,8 @@ std::vector<IoEngine::Impl::Burst> IoEngine::Impl::take_queued() {
         continue;  // its transfer ended (failed) meanwhile: dropped, never posted
       }
       ++t->second.with_provider;
+      op->mapped = copy_target(peer.mapped.get(), *op);
+      if (op->mapped != nullptr) ++t->second.copying;
       b.ops.push_back(std::move(op));
     }
     if (!b.ops.empty()) bursts.push_back(std::move(b));
@@ -175,17 +176,12 @@ std::vector<IoEngine::Impl::Burst> IoEngine::Impl::take_queued() {
   return bursts;
 }
 
-// The signal is never copied: it is what tells the target, through the
-// provider, once the copies before it are done.
-size_t IoEngine::Impl::find_mapped(Burst& b) const {
-  size_t provider_end = 0;
-  for (size_t i = 0; i < b.ops.size(); ++i) {
-    Op& op = *b.ops[i];
-    const bool copyable = b.mapped && !op.message && !op.signal;
-    op.mapped = copyable ? b.mapped->local(op.remote_addr, op.length) : nullptr;
-    if (op.mapped == nullptr) provider_end = i + 1;
-  }
-  return provider_end;
+// Where `op` goes in the peer's mapped pools (`mapped`), if it is copied
+// there: never the signal, which tells the target, through the provider,
+// once the copies before it are done.
+char* IoEngine::Impl::copy_target(const PeerMappings* mapped, const Op& op) {
+  if (mapped == nullptr || op.message || op.signal) return nullptr;
+  return mapped->local(op.remote_addr, op.length);
 }
 
 // Posts in order until the provider says -FI_EAGAIN (the rest wait for the
@@ -193,10 +189,14 @@ size_t IoEngine::Impl::find_mapped(Burst& b) const {
 // signal there would say it landed. An operation into (or out of) the
 // peer's mapped pools is a memcpy, done here. Each post but the burst's
 // last says FI_MORE: another follows at once, and what a provider defers
-// for it is flushed by a later post.
+// for it is flushed by a later post. The post watch covers the provider's
+// calls only: a copy always ends, even into a peer that died.
 void IoEngine::Impl::post_burst(Burst& b) {
   Endpoint& e = *endpoints[b.endpoint];
-  const size_t provider_end = find_mapped(b);
+  size_t provider_end = 0;  // after the last operation the provider takes
+  for (size_t i = 0; i < b.ops.size(); ++i) {
+    if (b.ops[i]->mapped == nullptr) provider_end = i + 1;
+  }
   for (; b.posted < b.ops.size(); ++b.posted) {
     Op& op = *b.ops[b.posted];
     if (op.mapped != nullptr) {
@@ -205,44 +205,51 @@ void IoEngine::Impl::post_burst(Burst& b) {
       } else {
         std::memcpy(op.mapped, op.local, op.length);
       }
+      // Before the signal that follows: the target reads these bytes once
+      // it has that signal's completion (mooncake's copies do the same).
+      std::atomic_thread_fence(std::memory_order_release);
       continue;
     }
-    iovec iov{op.local, op.length};
-    fi_rma_iov rma{op.remote_addr, op.length, op.key};
-    fi_msg_rma msg{};
-    msg.msg_iov = &iov;
-    msg.desc = &op.local_desc;
-    msg.iov_count = 1;
-    msg.addr = op.addr;
-    msg.rma_iov = &rma;
-    msg.rma_iov_count = 1;
-    msg.context = &op;
-    uint64_t flags = FI_COMPLETION | (b.posted + 1 < provider_end ? FI_MORE : 0);
-    ssize_t rc;
-    if (op.message) {
-      iov = {op.payload.data(), op.payload.size()};
-      fi_msg message{&iov, nullptr, 1, op.addr, &op, 0};
-      rc = fi_sendmsg(e.ep, &message, flags);
-    } else if (op.read) {
-      rc = fi_readmsg(e.ep, &msg, flags);
-    } else {
-      // Not FI_INJECT_COMPLETE, even where the signal makes it safe: a
-      // write must stay ours until the peer has it, so that a failed
-      // transfer is reported once nothing of it can land any more.
-      if (op.signal) {
-        flags |= FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA;
-        msg.data = op.transfer;
-      } else {
-        flags |= FI_TRANSMIT_COMPLETE;
-      }
-      rc = fi_writemsg(e.ep, &msg, flags);
-    }
+    const uint64_t flags = FI_COMPLETION | (b.posted + 1 < provider_end ? FI_MORE : 0);
+    if (b.process) post_watch.begin(b.process);
+    const ssize_t rc = post(e, op, flags);
+    if (b.process) post_watch.end();
     if (rc == -FI_EAGAIN) return;  // the provider needs progress first
     if (rc != 0) {
       b.refused_rc = static_cast<int>(rc);
       return;
     }
   }
+}
+
+// One fi_sendmsg, fi_readmsg or fi_writemsg of `op`.
+ssize_t IoEngine::Impl::post(Endpoint& e, Op& op, uint64_t flags) {
+  iovec iov{op.local, op.length};
+  fi_rma_iov rma{op.remote_addr, op.length, op.key};
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &op.local_desc;
+  msg.iov_count = 1;
+  msg.addr = op.addr;
+  msg.rma_iov = &rma;
+  msg.rma_iov_count = 1;
+  msg.context = &op;
+  if (op.message) {
+    iov = {op.payload.data(), op.payload.size()};
+    fi_msg message{&iov, nullptr, 1, op.addr, &op, 0};
+    return fi_sendmsg(e.ep, &message, flags);
+  }
+  if (op.read) return fi_readmsg(e.ep, &msg, flags);
+  // Not FI_INJECT_COMPLETE, even where the signal makes it safe: a write
+  // must stay ours until the peer has it, so that a failed transfer is
+  // reported once nothing of it can land any more.
+  if (op.signal) {
+    flags |= FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA;
+    msg.data = op.transfer;
+  } else {
+    flags |= FI_TRANSMIT_COMPLETE;
+  }
+  return fi_writemsg(e.ep, &msg, flags);
 }
 
 // mu held. Posted operations are the provider's now, copied ones done;
@@ -253,6 +260,7 @@ void IoEngine::Impl::settle_burst(Burst& b) {
     std::unique_ptr<Op>& op = b.ops[i];
     if (op->mapped != nullptr) {
       copied_bytes += op->length;
+      settle_copy(*op);
       finish_op(std::move(op), Status::ok(), 0);
       continue;
     }
@@ -279,9 +287,16 @@ void IoEngine::Impl::settle_burst(Burst& b) {
     }
     auto t = transfers.find(b.ops[i]->transfer);
     --t->second.with_provider;
+    if (b.ops[i]->mapped != nullptr) settle_copy(*b.ops[i]);
     const bool live = t->second.status.state == TransferState::kInProgress;
     if (p != peers.end() && live) p->second.queue.push_front(std::move(b.ops[i]));
   }
+}
+
+// mu held: a copy taken into a burst is settled (done, or put back).
+void IoEngine::Impl::settle_copy(const Op& op) {
+  auto t = transfers.find(op.transfer);
+  if (t != transfers.end() && t->second.copying > 0) --t->second.copying;
 }
 
 // Reads the CQ without mu; what it finished is settled under mu. True when

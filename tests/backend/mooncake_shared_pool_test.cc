@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -118,6 +119,12 @@ struct OwnMemfd {
     }
     pidfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
   }
+  // As its owner's descriptor names it: by number and inode.
+  SegmentDescriptor::Buffer buffer(uint64_t base, uint64_t length) const {
+    struct stat st {};
+    EXPECT_EQ(::fstat(fd, &st), 0);
+    return {base, length, fd, static_cast<uint64_t>(st.st_ino)};
+  }
   ~OwnMemfd() {
     ::close(fd);
     ::close(pidfd);
@@ -131,7 +138,7 @@ TEST(MooncakeSharedPool, AMemfdThatCouldShrinkOrIsTooSmallIsNotMapped) {
   {
     OwnMemfd unsealed(65536, 0);
     PeerMappings m;
-    const SegmentDescriptor::Buffer b{base, 65536, unsealed.fd};
+    const SegmentDescriptor::Buffer b = unsealed.buffer(base, 65536);
     const Status st = m.map(unsealed.pidfd, {&b, 1});
     EXPECT_NE(st.message().find("not sealed against shrinking"), std::string::npos)
         << st.to_string();
@@ -140,16 +147,30 @@ TEST(MooncakeSharedPool, AMemfdThatCouldShrinkOrIsTooSmallIsNotMapped) {
   {
     OwnMemfd small(4096, F_SEAL_SHRINK);
     PeerMappings m;
-    const SegmentDescriptor::Buffer b{base, 65536, small.fd};
+    const SegmentDescriptor::Buffer b = small.buffer(base, 65536);
     const Status st = m.map(small.pidfd, {&b, 1});
     EXPECT_NE(st.message().find("4096 bytes, less than the buffer's 65536"), std::string::npos)
         << st.to_string();
     EXPECT_EQ(m.local(base, 4096), nullptr);
   }
   {
+    // A number its owner closed and used again names another file: the
+    // inode of the one described tells them apart.
+    OwnMemfd described(65536, F_SEAL_SHRINK), now(65536, F_SEAL_SHRINK);
+    PeerMappings m;
+    SegmentDescriptor::Buffer b = described.buffer(base, 65536);
+    b.memfd = now.fd;
+    const Status st = m.map(now.pidfd, {&b, 1});
+    EXPECT_NE(
+        st.message().find("not the " + std::to_string(b.memfd_inode) + " its owner described"),
+        std::string::npos)
+        << st.to_string();
+    EXPECT_EQ(m.local(base, 4096), nullptr);
+  }
+  {
     OwnMemfd sealed(65536, F_SEAL_SHRINK);
     PeerMappings m;
-    const SegmentDescriptor::Buffer b{base, 65536, sealed.fd};
+    const SegmentDescriptor::Buffer b = sealed.buffer(base, 65536);
     ASSERT_TRUE(m.map(sealed.pidfd, {&b, 1}).is_ok());
     EXPECT_NE(m.local(base + 4096, 4096), nullptr);
     EXPECT_EQ(m.local(base + 61440, 8192), nullptr);  // runs past the buffer
@@ -173,7 +194,7 @@ TEST(MooncakeSharedPool, APeersBufferIsMappedWithItsPageTablesFilledIn) {
   constexpr uint64_t kPages = 64;
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   OwnMemfd pool(kPages * page, F_SEAL_SHRINK);
-  const SegmentDescriptor::Buffer b{0x10000, kPages * page, pool.fd};
+  const SegmentDescriptor::Buffer b = pool.buffer(0x10000, kPages * page);
   PeerMappings m;
   ASSERT_TRUE(m.map(pool.pidfd, {&b, 1}).is_ok());
   const char* local = m.local(b.base, b.length);
@@ -187,7 +208,8 @@ TEST(MooncakeSharedPool, APeersBufferIsMappedWithItsPageTablesFilledIn) {
 TEST(MooncakeSharedPool, EachOfSeveralMappedBuffersIsFoundByAddress) {
   // Listed out of address order, with a gap between them.
   OwnMemfd high(8192, F_SEAL_SHRINK), low(4096, F_SEAL_SHRINK);
-  const SegmentDescriptor::Buffer buffers[] = {{0x40000, 8192, high.fd}, {0x10000, 4096, low.fd}};
+  const SegmentDescriptor::Buffer buffers[] = {high.buffer(0x40000, 8192),
+                                               low.buffer(0x10000, 4096)};
   PeerMappings m;
   ASSERT_TRUE(m.map(low.pidfd, buffers).is_ok());
   char* in_low = m.local(0x10000, 4096);

@@ -8,6 +8,7 @@
 // counts are worked out by hand from the writes each test makes.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -106,6 +107,40 @@ TEST(MoriSharedPool, OtherMemoryProvidersAndSharedPoolsOffLeaveEveryByteToThePro
       << refused.status().message();
 }
 
+// A failed transfer is over only once no copy of it can land any more: a
+// burst copying into a peer's pool is settled before the transfer is
+// reported, however long it takes. Here one burst of 256 copies of 64 MiB
+// (16 GiB: more than a second on this VM, longer than the 1 s a drain
+// waits for a provider that returns nothing) is failed while it copies.
+TEST(MoriSharedPool, AFailedTransferIsReportedOnlyOnceItsCopiesAreDone) {
+  constexpr uint64_t kBlock = 64 * kMiB;
+  constexpr size_t kCopies = 256;  // one burst (kPostBurst)
+  std::vector<char> src(kBlock, 7);
+  auto initiator = IoEngine::create(config("initiator", "shm", true)).value();
+  auto target = IoEngine::create(config("target", "shm", true)).value();
+  auto* pool = static_cast<char*>(target->allocate(kBlock).value());
+  const MemoryDesc mine = initiator->register_memory(src.data(), src.size()).value();
+  const MemoryDesc theirs = target->register_memory(pool, kBlock).value();
+  target->release_to_peers();
+  ASSERT_TRUE(initiator->register_remote_engine(target->desc(), {&theirs, 1}).is_ok());
+  auto session = initiator->create_session(mine, theirs).value();
+  // The same block again and again, then the signal (held until they end).
+  std::vector<uint64_t> offsets(kCopies + 1, 0), sizes(kCopies, kBlock);
+  sizes.push_back(4096);
+  const TransferId id = initiator->allocate_transfer_id();
+  ASSERT_TRUE(session.batch_write(offsets, offsets, sizes, id).is_ok());
+  // The first copy has begun once the pool's first byte is no longer 0.
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return std::atomic_ref<char>(pool[0]).load(std::memory_order_relaxed) != 0; }, 20s));
+  initiator->cancel_transfer(id, Status::aborted("the test failed it"));
+  TransferStatus st;
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return (st = initiator->transfer_status(id)).state != TransferState::kInProgress; },
+      60s));
+  EXPECT_EQ(st.state, TransferState::kFailed);
+  EXPECT_EQ(initiator->copied_bytes(), kCopies * kBlock);  // every copy was over before
+}
+
 // What the decode side's staging choice asks: a source copies into this
 // engine's pools when both sides have them and it comes over shm.
 TEST(MoriSharedPool, ASourceCopiesOnlyWithPoolsOnBothSidesOverShm) {
@@ -125,7 +160,7 @@ TEST(MoriSharedPool, ASourceCopiesOnlyWithPoolsOnBothSidesOverShm) {
 
 TEST(MoriSharedPool, TheDescriptorCarriesEachMemorysMemfd) {
   auto e = IoEngine::create(config("e", "shm", true)).value();
-  MemoryDesc shared{"e", 0, 0x10000, 4096, {0x1234}, 7};
+  MemoryDesc shared{"e", 0, 0x10000, 4096, {0x1234}, 7, 99};
   MemoryDesc plain{"e", 1, 0x20000, 8192, {0x5678}, -1};
   std::string blob = encode(e->desc(), std::vector<MemoryDesc>{shared, plain});
   EngineDesc desc;
@@ -133,6 +168,7 @@ TEST(MoriSharedPool, TheDescriptorCarriesEachMemorysMemfd) {
   ASSERT_TRUE(decode(blob, desc, memory).is_ok());
   ASSERT_EQ(memory.size(), 2u);
   EXPECT_EQ(memory[0].memfd, 7);
+  EXPECT_EQ(memory[0].memfd_inode, 99u);
   EXPECT_EQ(memory[1].memfd, -1);
 
   // A number no file descriptor can have is refused, by name: the memfd
