@@ -455,7 +455,7 @@ void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
 // inside a call, before any release that follows it.) A same-host peer's
 // copies into our pools happen in its own process, outside our rounds; we
 // learn of them from the signal that follows them (its CQ entry, read in a
-// round), which the peer posts after a release fence: taking round_mu
+// round), which the peer posts after a release: taking round_mu
 // orders the caller after those bytes too.
 void IoEngine::acquire_inbound_writes() const { impl_->wait_round(); }
 

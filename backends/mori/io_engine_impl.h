@@ -192,9 +192,10 @@ struct IoEngine::Impl {
   std::map<uint32_t, std::string> nonces;  // peer nonce -> engine key
   std::set<TransferId> inbound;            // landed, not yet popped
   std::vector<PendingMessage> pending_messages;
-  std::vector<std::string> messages;      // peers' messages, not yet taken
-  uint64_t dropped_messages = 0;          // without our inbox key
-  std::atomic<uint64_t> copied_bytes{0};  // the progress thread's, into peers' mapped pools
+  std::vector<std::string> messages;  // peers' messages, not yet taken
+  uint64_t dropped_messages = 0;      // without our inbox key
+  // The progress thread's copies into peers' mapped pools (post_burst).
+  std::atomic<uint64_t> copied_bytes{0};
   // Per endpoint: when its provider last returned one of our operations.
   // Draining transfers count it as progress: a provider busy with other
   // transfers' operations ahead of theirs is not stuck.

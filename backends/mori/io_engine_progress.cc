@@ -205,9 +205,9 @@ void IoEngine::Impl::post_burst(Burst& b) {
       } else {
         std::memcpy(op.mapped, op.local, op.length);
       }
-      // Before the signal that follows: the target reads these bytes once
-      // it has that signal's completion (mooncake's copies do the same).
-      std::atomic_thread_fence(std::memory_order_release);
+      // Counted with a release: the copy is ordered before the signal that
+      // follows, whose completion tells the target to read these bytes.
+      copied_bytes.fetch_add(op.length, std::memory_order_release);
       continue;
     }
     const uint64_t flags = FI_COMPLETION | (b.posted + 1 < provider_end ? FI_MORE : 0);
@@ -259,7 +259,6 @@ void IoEngine::Impl::settle_burst(Burst& b) {
   for (size_t i = 0; i < b.posted; ++i) {
     std::unique_ptr<Op>& op = b.ops[i];
     if (op->mapped != nullptr) {
-      copied_bytes += op->length;
       settle_copy(*op);
       finish_op(std::move(op), Status::ok(), 0);
       continue;
