@@ -317,6 +317,28 @@ Status IoEngine::Session::batch_read(std::span<const uint64_t> local_offsets,
   return engine_->impl_->submit(true, local_offsets, remote_offsets, sizes, id, local_, remote_);
 }
 
+// A write of no bytes of its own, at `last`'s place, that carries the
+// transfer id. Where the signal need not wait for the bodies (tcp;ofi_rxm),
+// a signal that also carries bytes is a crash waiting for a closed
+// connection: libfabric 1.17's tcp reports a write with remote CQ data that
+// was part-way in with no context when its connection closes (the fence, a
+// failed peer's address removed, a reconnect), and rxm's error handler
+// dereferences that context (rxm_handle_comp_error; seen as a SIGSEGV in
+// fi_av_remove in the fault campaign). A write of no bytes is never
+// part-way in. (shm, where the signal waits for the bodies anyway, never
+// completed one of no bytes here: there the last body carries it.)
+std::unique_ptr<Op> IoEngine::Impl::signal_after(const Op& last) {
+  auto signal = std::make_unique<Op>();
+  signal->transfer = last.transfer;
+  signal->signal = true;
+  signal->ordered = last.ordered;
+  signal->local = last.local;
+  signal->local_desc = last.local_desc;
+  signal->remote_addr = last.remote_addr;
+  signal->key = last.key;
+  return signal;
+}
+
 Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets,
                               std::span<const uint64_t> remote_offsets,
                               std::span<const uint64_t> sizes, TransferId id,
@@ -391,8 +413,12 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
       notify();
       return Status::ok();
     }
-    if (!read) {  // the last write tells the target, after all the others
-      ops.back()->signal = true;
+    if (!read) {  // the signal tells the target, after all the others
+      if (ordered) {
+        ops.push_back(signal_after(*ops.back()));
+      } else {
+        ops.back()->signal = true;
+      }
       if (ops.size() > 1 && !ordered) {
         t.held_signal = std::move(ops.back());
         ops.pop_back();

@@ -46,7 +46,9 @@ struct Op {
   fi_addr_t addr = FI_ADDR_UNSPEC;
   bool cancelled = false;
   bool read = false;
-  bool signal = false;  // the write that carries the transfer id as remote CQ data
+  // The write that carries the transfer id as remote CQ data: the last
+  // body, or a write of no bytes after them all (signal_after).
+  bool signal = false;
   // A message (fi_sendmsg of `payload`), of no transfer: sent once the
   // transfers it follows succeeded (PendingMessage), never reported.
   bool message = false;
@@ -261,6 +263,7 @@ struct IoEngine::Impl {
   void fail_exited_peers(bool queued_only);
   void fail_transfer(Transfer& t, const Status& reason);
   void fail_peer_locked(const std::string& key, const Status& reason);
+  static std::unique_ptr<Op> signal_after(const Op& last);
   Status submit(bool read, std::span<const uint64_t> local_offsets,
                 std::span<const uint64_t> remote_offsets, std::span<const uint64_t> sizes,
                 TransferId id, const MemoryDesc& local, const MemoryDesc& remote);

@@ -262,6 +262,27 @@ INSTANTIATE_TEST_SUITE_P(Providers, MoriEngine, ::testing::Values("shm", "tcp;of
                            return info.param == "shm" ? std::string("shm") : std::string("tcp");
                          });
 
+// A source's connection closed by the fence while the target is part-way
+// through its write: libfabric 1.17's tcp reports a half-received write that
+// carries remote CQ data with no context, and rxm's error handler
+// dereferences it (a SIGSEGV in fi_av_remove, seen twice in the fault
+// campaign). The signal is therefore a write of no bytes of its own over
+// tcp;ofi_rxm (IoEngine::Impl::signal_after): here one 64 MiB write is
+// fenced while it arrives, and its transfer still ends.
+TEST(MoriEngineTcp, AFenceWhileATransferArrivesIsNoCrash) {
+  std::vector<char> src(64 << 20, 5), dst(64 << 20, 0);
+  auto [initiator, target, session] = connect("tcp;ofi_rxm", src, dst);
+  ASSERT_TRUE(target->can_fence());
+  const TransferId id = initiator->allocate_transfer_id();
+  const std::vector<uint64_t> at_start = {0}, sizes = {src.size()};
+  ASSERT_TRUE(session.batch_write(at_start, at_start, sizes, id).is_ok());
+  // Part-way in: its first bytes are here (and, at 64 MiB, hardly its last).
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return std::atomic_ref<char>(dst[0]).load(std::memory_order_relaxed) != 0; }, 20s));
+  EXPECT_TRUE(target->fence_peer(initiator->desc()));
+  EXPECT_NE(wait(*initiator, id).state, TransferState::kInProgress);
+}
+
 TEST(MoriEngineAuto, ShmOnThisHostTcpToAnother) {
   auto a = IoEngine::create(config("a", "auto")).value();
   auto b = IoEngine::create(config("b", "auto")).value();

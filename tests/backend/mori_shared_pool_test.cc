@@ -47,8 +47,8 @@ std::vector<char> pattern(uint64_t bytes) {
 }
 
 // `src` (ordinary memory) written to the target's `dst` in four writes,
-// the last of them (the signal) 4 KiB, then the first 64 KiB of `dst` read
-// back into src + kBytes. Returns the initiator's copied bytes.
+// the last of them (the signal, on shm) 4 KiB, then the first 64 KiB of
+// `dst` read back into src + kBytes. Returns the initiator's copied bytes.
 // `reused_pid`: the target's descriptor gives another start time for its
 // process, as a pid reused by a later process would show.
 uint64_t write_then_read(const std::string& provider, bool initiator_pools, bool target_pools,
