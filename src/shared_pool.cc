@@ -1,6 +1,9 @@
 #include "shared_pool.h"
 
 #include <fcntl.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -43,6 +46,33 @@ std::string check_sealed(int fd, const SharedBuffer& b) {
 }
 
 }  // namespace
+
+void copy_into_peer(char* dst, const char* src, size_t length) {
+#if defined(__SSE2__)
+  constexpr size_t kStreamFrom = 1024;  // below, memcpy's own stores are as good
+  constexpr size_t kLine = 64;
+  if (length >= kStreamFrom) {
+    // Up to the first 16-byte boundary of the destination, then whole lines.
+    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+    std::memcpy(dst, src, head);
+    size_t at = head;
+    for (; at + kLine <= length; at += kLine) {
+      const auto* from = reinterpret_cast<const __m128i*>(src + at);
+      auto* to = reinterpret_cast<__m128i*>(dst + at);
+      const __m128i a = _mm_loadu_si128(from), b = _mm_loadu_si128(from + 1);
+      const __m128i c = _mm_loadu_si128(from + 2), d = _mm_loadu_si128(from + 3);
+      _mm_stream_si128(to, a);
+      _mm_stream_si128(to + 1, b);
+      _mm_stream_si128(to + 2, c);
+      _mm_stream_si128(to + 3, d);
+    }
+    std::memcpy(dst + at, src + at, length - at);
+    _mm_sfence();
+    return;
+  }
+#endif
+  std::memcpy(dst, src, length);
+}
 
 SharedPools::~SharedPools() {
   for (const Pool& p : pools_) {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <optional>
@@ -51,6 +52,16 @@ const T* last_at_or_below(std::span<const T> sorted, uint64_t addr, BaseOf base_
                                 [&](uint64_t a, const T& e) { return a < base_of(e); });
   return after == sorted.begin() ? nullptr : &*std::prev(after);
 }
+
+// Copies `length` bytes into a peer's mapped pool. Copies of 1 KiB and more
+// use non-temporal stores where the CPU has them (SSE2): the destination is
+// another process's memory that this one will not read again, and a store
+// that bypasses the cache spares reading each destination line first (32
+// KiB copies into cold shared memory: 13.6-15.4 GB/s against 9.7-11.0 for
+// memcpy on this VM). Ends with a store fence: non-temporal stores are not
+// ordered with later ones, and whatever tells the peer of these bytes
+// comes later.
+void copy_into_peer(char* dst, const char* src, size_t length);
 
 // Memory this segment allocated in memfds; unmapped and closed with it.
 class SharedPools {

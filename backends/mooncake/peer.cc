@@ -362,7 +362,7 @@ Slices Peer::copy_mapped() {
     char* there = mapped_.local(s.remote, s.length);
     if (there == nullptr) break;
     if (s.opcode == Opcode::kWrite) {
-      std::memcpy(there, s.local, s.length);
+      copy_into_peer(there, s.local, s.length);
     } else {
       std::memcpy(s.local, there, s.length);
     }
@@ -370,9 +370,10 @@ Slices Peer::copy_mapped() {
     done.push_back(std::move(same_host_queue_.front()));
     same_host_queue_.pop_front();
   }
-  // No fence: the peer learns that these bytes landed only from a frame
-  // this process sends later, and that send is a system call, which orders
-  // the copies before it (as the kernel's own copy is ordered by its call).
+  // No more fence than copy_into_peer's own: the peer learns that these
+  // bytes landed only from a frame this process sends later, and that send
+  // is a system call, which orders the copies before it (as the kernel's
+  // own copy is ordered by its call).
   core_.same_host_mapped_bytes += bytes;
   return done;
 }

@@ -203,7 +203,7 @@ void IoEngine::Impl::post_burst(Burst& b) {
       if (op.read) {
         std::memcpy(op.local, op.mapped, op.length);
       } else {
-        std::memcpy(op.mapped, op.local, op.length);
+        copy_into_peer(op.mapped, op.local, op.length);
       }
       // Counted with a release: the copy is ordered before the signal that
       // follows, whose completion tells the target to read these bytes.
