@@ -52,8 +52,8 @@ void copy_into_peer(char* dst, const char* src, size_t length) {
   constexpr size_t kStreamFrom = 1024;  // below, memcpy's own stores are as good
   constexpr size_t kLine = 64;
   if (length >= kStreamFrom) {
-    // Up to the first 16-byte boundary of the destination, then whole lines.
-    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+    // Up to the destination's first cache-line boundary, then whole lines.
+    const size_t head = (kLine - (reinterpret_cast<uintptr_t>(dst) & (kLine - 1))) & (kLine - 1);
     std::memcpy(dst, src, head);
     size_t at = head;
     for (; at + kLine <= length; at += kLine) {

@@ -1,6 +1,6 @@
 // The same-host fast lane of the backends that have one (mooncake, mori):
 // pools in shared memory that a peer on the same host maps and copies into
-// with memcpy, instead of asking the kernel or a provider for each slice
+// itself (copy_into_peer), instead of asking the kernel or a provider for each slice
 // (process_vm_writev pins and copies page by page, and moved 0.55-0.6 x one
 // core's memcpy here).
 //

@@ -9,7 +9,7 @@
 // is in memory, and "completed" means every slice is acknowledged. A slice
 // that fails on one rail is retried on another. A peer on the same host is
 // written with process_vm_writev (one copy) instead, unless switched off,
-// or with memcpy into its pools where they are shared memory (allocate_shared).
+// or by copies into its pools where they are shared memory (allocate_shared).
 // Only peers that present the session secret of this segment's descriptor
 // may write into it, and only inside its registered buffers.
 #pragma once
@@ -81,7 +81,7 @@ class TransferEngine {
   ~TransferEngine();
 
   // Zeroed memory in a sealed memfd, owned by the engine, to register next:
-  // a peer on this host maps it and copies into it with memcpy (shared_pool.h).
+  // a peer on this host maps it and copies into it (shared_pool.h).
   Result<void*> allocate_shared(uint64_t length);
   Status register_local_memory(void* addr, uint64_t length);
   // This segment's descriptor (with the buffers registered so far).

@@ -99,6 +99,7 @@ Status Endpoint::open(const std::string& name, const std::string& host) {
   ask_for_av_remove_cleanup();
   provider = name;
   can_fence = name != "shm" && av_remove_cleanup();
+  signal_apart = name != "shm";
   // Shared memory has no network address to open on.
   const std::string node = name == "shm" ? "" : host;
   // Keys we draw at random where the provider takes them (without

@@ -55,6 +55,10 @@ struct Endpoint {
   // Writes to one peer up to this size land in the order they were posted
   // (FI_ORDER_RMA_WAW with max_order_waw_size); 0: no order is promised.
   size_t ordered_write_bytes = 0;
+  // Where writes are ordered, the signal is a write of no bytes of its own
+  // after the bodies (IoEngine::Impl::signal_after): all but shm, where one
+  // never completed (libfabric 1.17) and no connection can close under it.
+  bool signal_apart = false;
   // Peers' messages (FI_MSG, where no local buffer needs registering): this
   // many receives (fewer where the provider's receive queue is shorter)
   // stay posted, each posted again once its message is taken.

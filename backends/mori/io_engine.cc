@@ -414,7 +414,7 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
       return Status::ok();
     }
     if (!read) {  // the signal tells the target, after all the others
-      if (ordered) {
+      if (ordered && e.signal_apart) {
         ops.push_back(signal_after(*ops.back()));
       } else {
         ops.back()->signal = true;

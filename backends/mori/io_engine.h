@@ -7,8 +7,9 @@
 // Data plane: libfabric (OFI) reliable-datagram endpoints (FI_EP_RDM) with
 // RMA. One endpoint per provider the engine opens: `shm` serves peers on
 // this host, `tcp;ofi_rxm` the others (or one provider chosen by option).
-// The last write of a transfer carries the transfer id as remote CQ data and
-// asks for FI_DELIVERY_COMPLETE: when it completes the target has every
+// The last write of a transfer (the last body; over tcp;ofi_rxm a write of
+// no bytes after them) carries the transfer id as remote CQ data and asks
+// for FI_DELIVERY_COMPLETE: when it completes the target has every
 // byte, and the target learns from that data that the transfer landed. The
 // other writes ask for FI_TRANSMIT_COMPLETE (the peer's endpoint has them:
 // shm writes them straight into the peer's memory, or queues them ahead of
@@ -28,7 +29,7 @@
 // (allocate) lives in sealed memfds that its descriptor names; an engine
 // that reaches such a peer over shm maps those pools when it registers the
 // peer with its memory, and its progress thread copies a write's bodies
-// (and reads) into and out of them with memcpy instead of posting them.
+// into them (copy_into_peer) and reads out of them instead of posting them.
 // The signal, which tells the target, still goes through the provider, once
 // the copies are done.
 //
