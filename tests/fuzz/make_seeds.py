@@ -87,13 +87,16 @@ def seeds():
                       b"\x02\x07" + abort, b"\x00\x03" + notice, b"\x00\x00" + info,
                       b"\x03\x07" + batch]
 
-    # Buffers: base, length, memfd (all ones: not shared).
-    mooncake = (blob("pdkv-mooncake-2") + blob("127.0.0.1:5000") + blob("host") + u64(1) +
+    # Buffers: base, length, memfd (all ones: not shared), the memfd's inode.
+    mooncake = (blob("pdkv-mooncake-3") + blob("127.0.0.1:5000") + blob("host") + u64(1) +
                 u64(2) + blob(b"s" * 32) + u64(1) + blob("127.0.0.1:5000") + u64(2) +
-                u64(0x10000) + u64(4096) + u64(2**64 - 1) + u64(0x20000) + u64(4096) + u64(5))
-    mori = (blob("pdkv-mori-1") + blob("engine") + u64(3) + blob("host") + u64(1) +
-            blob("tcp;ofi_rxm") + blob(b"addr") + u64(1) + u64(0) + u64(0x10000) + u64(4096) +
-            u64(1) + u64(0x1234))
+                u64(0x10000) + u64(4096) + u64(2**64 - 1) + u64(0) +
+                u64(0x20000) + u64(4096) + u64(5) + u64(77))
+    # Key, nonce, host, start time, inbox key, endpoints; memory: id, base,
+    # length, memfd, its inode, keys.
+    mori = (blob("pdkv-mori-3") + blob("engine") + u64(3) + blob("host") + u64(12345) +
+            u64(0x77) + u64(1) + blob("tcp;ofi_rxm") + blob(b"addr") + u64(1) + u64(0) +
+            u64(0x10000) + u64(4096) + u64(7) + u64(99) + u64(1) + u64(0x1234))
     nixl = blob("pdkv-nixl-2") + blob(b"worker") + u64(5) + u64(0) + u64(1) + u64(0) + \
         u64(4096) + blob(b"rkey")
     out["descriptors"] = [b"\x00" + mooncake, b"\x01" + mori, b"\x02" + nixl]
