@@ -47,6 +47,22 @@ std::string check_sealed(int fd, const SharedBuffer& b) {
 
 }  // namespace
 
+namespace {
+constexpr uint64_t kNotShared = ~uint64_t{0};
+}  // namespace
+
+uint64_t memfd_to_wire(int32_t memfd) {
+  return memfd < 0 ? kNotShared : static_cast<uint64_t>(memfd);
+}
+
+Result<int32_t> memfd_from_wire(uint64_t field) {
+  if (field == kNotShared) return -1;
+  if (field > uint64_t{INT32_MAX}) {
+    return Status::invalid_argument(fmt::format("memfd {} is no file descriptor", field));
+  }
+  return static_cast<int32_t>(field);
+}
+
 void copy_into_peer(char* dst, const char* src, size_t length) {
 #if defined(__SSE2__)
   constexpr size_t kStreamFrom = 1024;  // below, memcpy's own stores are as good

@@ -43,6 +43,11 @@ struct SharedBuffer {
   }
 };
 
+// A buffer's memfd field in a descriptor: -1 (not shared) travels as all
+// ones. Reading refuses a number no file descriptor can have, naming it.
+uint64_t memfd_to_wire(int32_t memfd);
+Result<int32_t> memfd_from_wire(uint64_t field);
+
 // Of `sorted`, in order of base_of(entry), the entry with the greatest base
 // at or below `addr` (the only one that can hold it where entries do not
 // overlap), or nullptr.

@@ -19,7 +19,6 @@ namespace {
 
 constexpr std::string_view kMagic = "pdkv-mooncake-3";  // 3: each memfd's inode
 constexpr uint64_t kMaxEntries = 1 << 20;
-constexpr uint64_t kNotShared = ~uint64_t{0};  // a buffer's memfd field
 
 }  // namespace
 
@@ -37,7 +36,7 @@ std::string SegmentDescriptor::encode() const {
   for (const auto& b : buffers) {
     w.u64(b.base);
     w.u64(b.length);
-    w.u64(b.memfd < 0 ? kNotShared : static_cast<uint64_t>(b.memfd));
+    w.u64(memfd_to_wire(b.memfd));
     w.u64(b.memfd_inode);
   }
   return w.take();
@@ -76,11 +75,10 @@ Result<SegmentDescriptor> SegmentDescriptor::decode(std::string_view blob) {
         b.base + b.length < b.base) {
       return Status::invalid_argument("mooncake descriptor truncated in its buffers");
     }
-    if (memfd != kNotShared && memfd > uint64_t{INT32_MAX}) {
-      return Status::invalid_argument(
-          fmt::format("mooncake descriptor: buffer memfd {} is no file descriptor", memfd));
-    }
-    b.memfd = memfd == kNotShared ? -1 : static_cast<int32_t>(memfd);
+    auto fd = memfd_from_wire(memfd);
+    if (!fd.is_ok())
+      return Status::invalid_argument("mooncake descriptor: buffer " + fd.status().message());
+    b.memfd = *fd;
   }
   if (!r.done()) return Status::invalid_argument("mooncake descriptor has trailing bytes");
   return d;

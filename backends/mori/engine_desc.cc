@@ -4,6 +4,7 @@
 
 #include "byte_codec.h"
 #include "io_engine.h"
+#include "shared_pool.h"
 
 namespace pdkv::backends::mori {
 namespace {
@@ -12,7 +13,6 @@ namespace {
 // and its inode.
 constexpr std::string_view kMagic = "pdkv-mori-3";
 constexpr uint64_t kMaxEntries = 1 << 20;
-constexpr uint64_t kNotShared = UINT64_MAX;  // a memory's memfd field when it has none
 
 }  // namespace
 
@@ -34,7 +34,7 @@ std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory)
     w.u64(m.id);
     w.u64(m.base);
     w.u64(m.length);
-    w.u64(m.memfd < 0 ? kNotShared : static_cast<uint64_t>(m.memfd));
+    w.u64(memfd_to_wire(m.memfd));
     w.u64(m.memfd_inode);
     w.u64(m.keys.size());
     for (uint64_t k : m.keys) w.u64(k);
@@ -76,12 +76,13 @@ Status decode(std::string_view blob, EngineDesc& engine, std::vector<MemoryDesc>
         !r.u64(m.memfd_inode) || !r.u64(keys) || keys != endpoints) {
       return Status::invalid_argument("mori descriptor truncated in its memory");
     }
-    if (memfd != kNotShared && memfd > INT32_MAX) {
+    auto fd = memfd_from_wire(memfd);
+    if (!fd.is_ok()) {
       return Status::invalid_argument(
-          fmt::format("mori descriptor: memory {} names memfd {}, no file descriptor", id, memfd));
+          fmt::format("mori descriptor: memory {}: {}", id, fd.status().message()));
     }
     m.id = static_cast<uint32_t>(id);
-    m.memfd = memfd == kNotShared ? -1 : static_cast<int32_t>(memfd);
+    m.memfd = *fd;
     m.keys.resize(keys);
     for (auto& k : m.keys) {
       if (!r.u64(k)) return Status::invalid_argument("mori descriptor truncated in its keys");

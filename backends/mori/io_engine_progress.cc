@@ -473,19 +473,21 @@ void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
 // provider cannot cancel it returns when done, within the drain or not.
 void IoEngine::Impl::cancel_failed() {
   std::set<TransferId> due;
-  std::vector<Retired> gone;  // failed peers: messages to them are asked back too
+  // Failed peers' addresses (not their mappings): messages to them are
+  // asked back too.
+  std::vector<std::pair<size_t, fi_addr_t>> gone;
   {
     std::lock_guard lock(mu);
     for (auto& [id, t] : transfers) {
       if (t.cancel_due) due.insert(id);
       t.cancel_due = false;
     }
-    gone = retired;
+    for (const Retired& r : retired) gone.emplace_back(r.endpoint, r.addr);
   }
   if (due.empty() && gone.empty()) return;
   const auto to_gone = [&gone](const Op& op) {
-    return op.message && std::any_of(gone.begin(), gone.end(), [&op](const Retired& r) {
-             return r.endpoint == op.endpoint && r.addr == op.addr;
+    return op.message && std::any_of(gone.begin(), gone.end(), [&op](const auto& r) {
+             return r.first == op.endpoint && r.second == op.addr;
            });
   };
   for (auto& [raw, op] : posted) {

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "io_engine.h"
+#include "mori_test_support.h"
 #include "support/child_process.h"
 #include "support/poll.h"
 
@@ -20,22 +21,6 @@ namespace pdkv::backends::mori {
 namespace {
 
 using namespace std::chrono_literals;
-
-IoEngineConfig config(const std::string& key, const std::string& provider,
-                      std::chrono::milliseconds timeout = 30s) {
-  IoEngineConfig c;
-  c.key = key;
-  c.provider = provider;
-  c.transfer_timeout = timeout;
-  return c;
-}
-
-TransferStatus wait(IoEngine& e, TransferId id) {
-  TransferStatus st;
-  testing::poll_until(
-      [&] { return (st = e.transfer_status(id)).state != TransferState::kInProgress; }, 20s);
-  return st;
-}
 
 class MoriEngine : public ::testing::TestWithParam<std::string> {};
 

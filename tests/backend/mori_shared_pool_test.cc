@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "io_engine.h"
+#include "mori_test_support.h"
 #include "support/poll.h"
 
 namespace pdkv::backends::mori {
@@ -25,17 +26,13 @@ constexpr uint64_t kBytes = 3 * kMiB;
 constexpr uint64_t kReadBytes = 65536;
 
 IoEngineConfig config(const std::string& key, const std::string& provider, bool shared_pools) {
-  IoEngineConfig c;
-  c.key = key;
-  c.provider = provider;
+  IoEngineConfig c = mori::config(key, provider);  // the shared one (mori_test_support.h)
   c.shared_pools = shared_pools;
   return c;
 }
 
 bool finished(IoEngine& e, TransferId id) {
-  TransferStatus st;
-  testing::poll_until(
-      [&] { return (st = e.transfer_status(id)).state != TransferState::kInProgress; }, 20s);
+  const TransferStatus st = wait(e, id);
   EXPECT_EQ(st.state, TransferState::kSuccess) << st.error.to_string();
   return st.state == TransferState::kSuccess;
 }
