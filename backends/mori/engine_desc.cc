@@ -10,8 +10,9 @@ namespace pdkv::backends::mori {
 namespace {
 
 // 2: the inbox key; 3: the process's start time and each memory's memfd
-// and its inode.
-constexpr std::string_view kMagic = "pdkv-mori-3";
+// and its inode; 4: messages between engines carry their kind
+// (io_engine_impl.h, MessageKind).
+constexpr std::string_view kMagic = "pdkv-mori-4";
 constexpr uint64_t kMaxEntries = 1 << 20;
 
 }  // namespace

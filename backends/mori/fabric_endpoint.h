@@ -30,7 +30,7 @@ pid_t shm_address_pid(std::string_view address);
 
 // A receive posted for one peer's message; the CQ entry's context names it.
 struct InboxSlot {
-  static constexpr size_t kBytes = 1032;  // a message and its key; a longer one fails
+  static constexpr size_t kBytes = 1040;  // a message, its key and kind; a longer one fails
   fi_context2 context;                    // first: the provider's (FI_CONTEXT2)
   char bytes[kBytes];
 };

@@ -317,6 +317,13 @@ Status IoEngine::Session::batch_read(std::span<const uint64_t> local_offsets,
   return engine_->impl_->submit(true, local_offsets, remote_offsets, sizes, id, local_, remote_);
 }
 
+std::string message_header(uint64_t inbox_key, MessageKind kind) {
+  std::string header(kMessageHeader, '\0');
+  std::memcpy(header.data(), &inbox_key, sizeof inbox_key);
+  header[sizeof inbox_key] = static_cast<char>(kind);
+  return header;
+}
+
 // A write of no bytes of its own, at `last`'s place, that carries the
 // transfer id. Where the signal need not wait for the bodies (tcp;ofi_rxm),
 // a signal that also carries bytes is a crash waiting for a closed
@@ -337,6 +344,20 @@ std::unique_ptr<Op> IoEngine::Impl::signal_after(const Op& last) {
   signal->remote_addr = last.remote_addr;
   signal->key = last.key;
   return signal;
+}
+
+// The signal tells the target, after all the other writes of `t`.
+void IoEngine::Impl::add_signal(Transfer& t, std::vector<std::unique_ptr<Op>>& ops,
+                                bool signal_apart, bool ordered) {
+  if (ordered && signal_apart) {
+    ops.push_back(signal_after(*ops.back()));
+  } else {
+    ops.back()->signal = true;
+  }
+  if (ops.size() > 1 && !ordered) {
+    t.held_signal = std::move(ops.back());
+    ops.pop_back();
+  }
 }
 
 Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets,
@@ -413,17 +434,14 @@ Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets
       notify();
       return Status::ok();
     }
-    if (!read) {  // the signal tells the target, after all the others
-      if (ordered && e.signal_apart) {
-        ops.push_back(signal_after(*ops.back()));
-      } else {
-        ops.back()->signal = true;
-      }
-      if (ops.size() > 1 && !ordered) {
-        t.held_signal = std::move(ops.back());
-        ops.pop_back();
-      }
-    }
+    // Every body copied into the peer's mapped pools is in place once the
+    // copy is done: no signal, and the target hears that it landed from a
+    // message (queue_landed).
+    t.lands_by_message = !read && p->second.desc.inbox_key != 0 && takes_messages() &&
+                         std::all_of(ops.begin(), ops.end(), [&](const auto& op) {
+                           return copy_target(p->second.mapped.get(), *op) != nullptr;
+                         });
+    if (!read && !t.lands_by_message) add_signal(t, ops, e.signal_apart, ordered);
     t.outstanding = ops.size();
     for (auto& op : ops) p->second.queue.push_back(std::move(op));
   }
@@ -480,8 +498,8 @@ void IoEngine::fail_peer(const std::string& engine_key, const Status& reason) {
 // touched. (An atomic flag would not do: a provider may acknowledge bytes
 // inside a call, before any release that follows it.) A same-host peer's
 // copies into our pools happen in its own process, outside our rounds; we
-// learn of them from the signal that follows them (its CQ entry, read in a
-// round), which the peer posts after a release: taking round_mu
+// learn of them from the landed message or notice that follows them (read
+// in a round), which the peer posts after a release: taking round_mu
 // orders the caller after those bytes too.
 void IoEngine::acquire_inbound_writes() const { impl_->wait_round(); }
 
@@ -491,7 +509,7 @@ bool IoEngine::can_message() const { return impl_->takes_messages(); }
 
 Status IoEngine::send_after(const std::string& remote_key, std::span<const TransferId> after,
                             std::string message) {
-  static_assert(kMaxMessageBytes + sizeof(uint64_t) <= InboxSlot::kBytes, "a message fits");
+  static_assert(kMaxMessageBytes + kMessageHeader <= InboxSlot::kBytes, "a message fits");
   if (!can_message()) return Status::failed_precondition("mori: a provider has no messages");
   if (message.size() > kMaxMessageBytes) {
     return Status::invalid_argument(
@@ -506,9 +524,8 @@ Status IoEngine::send_after(const std::string& remote_key, std::span<const Trans
     }
     const uint64_t inbox = peer->second.desc.inbox_key;
     if (inbox == 0) return Status::ok();  // it takes none: the call that follows tells it
-    std::string keyed(sizeof inbox, '\0');
-    std::memcpy(keyed.data(), &inbox, sizeof inbox);
-    Impl::PendingMessage pending{remote_key, {}, keyed + message};
+    Impl::PendingMessage pending{
+        remote_key, {}, message_header(inbox, MessageKind::kNotice) + message};
     for (TransferId id : after) {
       auto t = impl_->transfers.find(id);
       if (t == impl_->transfers.end() || t->second.status.state == TransferState::kFailed) {

@@ -30,8 +30,9 @@
 // that reaches such a peer over shm maps those pools when it registers the
 // peer with its memory, and its progress thread copies a write's bodies
 // into them (copy_into_peer) and reads out of them instead of posting them.
-// The signal, which tells the target, still goes through the provider, once
-// the copies are done.
+// A write copied whole has no signal: it succeeds once its copies are done,
+// and the target learns that it landed from a message (MessageKind::kLanded
+// in io_engine_impl.h).
 //
 // Messages (send_after): a short message to a peer, sent once the transfers
 // it follows have succeeded, that is once the peer has their bytes

@@ -68,6 +68,16 @@ struct Op {
   uint64_t key = 0;
 };
 
+// Each message between engines begins with the inbox key of its target
+// (EngineDesc::inbox_key) and one byte of its kind.
+enum class MessageKind : uint8_t {
+  kNotice = 1,  // a message of send_after's caller
+  kLanded = 2,  // ids (u64 each) of the sender's transfers that landed here
+};
+constexpr size_t kMessageHeader = sizeof(uint64_t) + 1;
+constexpr size_t kMaxLandedIds = (InboxSlot::kBytes - kMessageHeader) / sizeof(TransferId);
+std::string message_header(uint64_t inbox_key, MessageKind kind);
+
 struct IoEngine::Impl {
   using Clock = std::chrono::steady_clock;
 
@@ -107,6 +117,10 @@ struct IoEngine::Impl {
     // the transfer over.
     uint64_t copying = 0;
     std::unique_ptr<Op> held_signal;  // posted once the others completed
+    // A write whose every body is copied into the peer's mapped pools: it
+    // has no signal, it succeeds once the copies are done, and the target
+    // hears that it landed from a landed message (queue_landed).
+    bool lands_by_message = false;
     TransferStatus status;
     Clock::time_point deadline;
     DrainDeadline drain;      // failed: how long to wait for what the provider holds
@@ -135,6 +149,11 @@ struct IoEngine::Impl {
     std::unique_ptr<Op> op;
     Status error;
     int err = 0;
+  };
+  // What peers told this engine in one read of a completion queue.
+  struct Arrivals {
+    std::vector<TransferId> landed;     // their transfers in place here
+    std::vector<std::string> messages;  // their messages (send_after)
   };
   // A message to `peer` that waits for the transfers it follows: queued
   // once they all succeeded, dropped as soon as one fails.
@@ -240,8 +259,8 @@ struct IoEngine::Impl {
   static char* copy_target(const PeerMappings* mapped, const Op& op);
   void settle_burst(Burst& burst);
   bool read_completions(size_t endpoint);
-  // A receive completed (or failed): its message kept, the slot posted again.
-  void take_receive(size_t endpoint, InboxSlot* slot, size_t length, std::vector<std::string>& got);
+  // A receive completed (or failed): what it says kept, the slot posted again.
+  void take_receive(size_t endpoint, InboxSlot* slot, size_t length, Arrivals& got);
   void post_receives_again();
   void cancel_failed();
   bool inbound_traffic();
@@ -252,6 +271,9 @@ struct IoEngine::Impl {
   // Transfer `id` ended: the messages that waited for it go, or are dropped.
   void release_messages(TransferId id, bool succeeded);
   void queue_message(const std::string& peer, std::string payload);
+  // Transfer `id`, copied into `peer`'s pools, succeeded: its id joins the
+  // landed message queued last to the peer, or starts one.
+  void queue_landed(const std::string& peer, TransferId id);
   void check_deadlines(Clock::time_point now);
   Result<std::pair<size_t, size_t>> endpoint_for(const EngineDesc& remote) const;
   // Any thread, no lock held: those of `memory` that name a memfd, mapped
@@ -264,6 +286,8 @@ struct IoEngine::Impl {
   void fail_transfer(Transfer& t, const Status& reason);
   void fail_peer_locked(const std::string& key, const Status& reason);
   static std::unique_ptr<Op> signal_after(const Op& last);
+  static void add_signal(Transfer& t, std::vector<std::unique_ptr<Op>>& ops, bool signal_apart,
+                         bool ordered);
   Status submit(bool read, std::span<const uint64_t> local_offsets,
                 std::span<const uint64_t> remote_offsets, std::span<const uint64_t> sizes,
                 TransferId id, const MemoryDesc& local, const MemoryDesc& remote);

@@ -303,8 +303,7 @@ void IoEngine::Impl::settle_copy(const Op& op) {
 bool IoEngine::Impl::read_completions(size_t index) {
   Endpoint& e = *endpoints[index];
   std::vector<Finished> finished;
-  std::vector<TransferId> landed;
-  std::vector<std::string> got;  // peers' messages
+  Arrivals got;
   fi_cq_data_entry entries[64];
   while (true) {
     const ssize_t n = fi_cq_read(e.cq, entries, 64);
@@ -341,7 +340,7 @@ bool IoEngine::Impl::read_completions(size_t index) {
     for (ssize_t i = 0; i < n; ++i) {
       const fi_cq_data_entry& c = entries[i];
       if (c.flags & FI_REMOTE_CQ_DATA) {  // a peer's transfer has landed here
-        landed.push_back(c.data);
+        got.landed.push_back(c.data);
         continue;
       }
       if (c.flags & FI_RECV) {
@@ -354,12 +353,12 @@ bool IoEngine::Impl::read_completions(size_t index) {
       posted.erase(it);
     }
   }
-  if (finished.empty() && landed.empty() && got.empty()) return false;
+  if (finished.empty() && got.landed.empty() && got.messages.empty()) return false;
   const auto now = Clock::now();
   std::lock_guard lock(mu);
-  inbound.insert(landed.begin(), landed.end());
-  if (!got.empty()) {
-    for (auto& m : got) messages.push_back(std::move(m));
+  inbound.insert(got.landed.begin(), got.landed.end());
+  if (!got.messages.empty()) {
+    for (auto& m : got.messages) messages.push_back(std::move(m));
     messages_in.mark();
   }
   for (auto& f : finished) {
@@ -369,17 +368,26 @@ bool IoEngine::Impl::read_completions(size_t index) {
   return true;
 }
 
-// Keeps a message that begins with our inbox key (without it), and posts
-// the slot again. `length` 0: a failed receive.
-void IoEngine::Impl::take_receive(size_t endpoint, InboxSlot* slot, size_t length,
-                                  std::vector<std::string>& got) {
-  constexpr size_t kKey = sizeof desc.inbox_key;
+// Keeps what a message that begins with our inbox key says, and posts the
+// slot again. `length` 0: a failed receive.
+void IoEngine::Impl::take_receive(size_t endpoint, InboxSlot* slot, size_t length, Arrivals& got) {
   length = std::min(length, InboxSlot::kBytes);
-  if (length >= kKey && std::memcmp(slot->bytes, &desc.inbox_key, kKey) == 0) {
-    got.emplace_back(slot->bytes + kKey, length - kKey);
+  const bool ours =
+      length >= kMessageHeader && std::memcmp(slot->bytes, &desc.inbox_key, sizeof(uint64_t)) == 0;
+  const auto kind = ours ? static_cast<MessageKind>(slot->bytes[sizeof(uint64_t)]) : MessageKind{};
+  const char* body = slot->bytes + kMessageHeader;
+  const size_t body_length = ours ? length - kMessageHeader : 0;
+  if (ours && kind == MessageKind::kNotice) {
+    got.messages.emplace_back(body, body_length);
+  } else if (ours && kind == MessageKind::kLanded && body_length % sizeof(TransferId) == 0) {
+    for (size_t at = 0; at < body_length; at += sizeof(TransferId)) {
+      TransferId id;
+      std::memcpy(&id, body + at, sizeof id);
+      got.landed.push_back(id);
+    }
   } else if (length > 0) {
-    logger("mori")->warn("{}: dropped a message of {} bytes without this engine's inbox key",
-                         endpoints[endpoint]->provider, length);
+    logger("mori")->warn("{}: dropped a message of {} bytes without this engine's inbox key{}",
+                         endpoints[endpoint]->provider, length, ours ? " or of no known kind" : "");
     std::lock_guard lock(mu);
     ++dropped_messages;
   }
@@ -431,6 +439,7 @@ void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int 
   }
   t.status.state = TransferState::kSuccess;
   batch_ends.mark();
+  if (t.lands_by_message) queue_landed(t.peer, it->first);  // ahead of the notices it frees
   release_messages(it->first, /*succeeded=*/true);
 }
 
@@ -456,6 +465,24 @@ void IoEngine::Impl::queue_message(const std::string& peer, std::string payload)
   op->message = true;
   op->payload = std::move(payload);
   p->second.queue.push_back(std::move(op));
+}
+
+void IoEngine::Impl::queue_landed(const std::string& peer, TransferId id) {
+  auto p = peers.find(peer);
+  if (p == peers.end()) return;  // failed meanwhile: nobody to tell
+  auto& queue = p->second.queue;
+  const auto has_room = [](const Op& op) {
+    return op.message &&
+           static_cast<MessageKind>(op.payload[sizeof(uint64_t)]) == MessageKind::kLanded &&
+           op.payload.size() + sizeof id <= kMessageHeader + kMaxLandedIds * sizeof id;
+  };
+  if (queue.empty() || !has_room(*queue.back())) {
+    auto op = std::make_unique<Op>();
+    op->message = true;
+    op->payload = message_header(p->second.desc.inbox_key, MessageKind::kLanded);
+    queue.push_back(std::move(op));
+  }
+  queue.back()->payload.append(reinterpret_cast<const char*>(&id), sizeof id);
 }
 
 void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
