@@ -73,6 +73,11 @@ struct IoEngineConfig {
   // pools and peers' pools are mapped (off: every byte goes through the
   // provider, as on another host).
   bool shared_pools = true;
+  // Whether peers' transfers that landed here are kept for
+  // pop_inbound_transfer_status. The transport never pops them (its
+  // notifications and control calls say what arrived), so it keeps none:
+  // kept and never popped, they would grow with every transfer.
+  bool keep_inbound = true;
 };
 
 // The configuration the `mori` transport's options (TransportOptions) ask
@@ -180,7 +185,10 @@ class IoEngine {
   // operations are cancelled or drained as for any failed transfer.
   void cancel_transfer(TransferId id, const Status& reason);
   // Target side: whether transfer `id` from engine `remote_key` has landed
-  // (every byte visible here); consumes it when it has.
+  // (every byte visible here); consumes it when it has. Always false with
+  // keep_inbound off. A write copied into our pools is heard of by a
+  // message, which, unlike a signal, may be lost without failing the write
+  // (the peer failing): then this never says it landed.
   bool pop_inbound_transfer_status(const std::string& remote_key, TransferId id);
 
   // The peer is gone: its transfers fail with `reason`, later ones are

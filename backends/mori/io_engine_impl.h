@@ -211,7 +211,7 @@ struct IoEngine::Impl {
   std::map<std::string, Peer> peers;
   std::map<TransferId, Transfer> transfers;
   std::map<uint32_t, std::string> nonces;  // peer nonce -> engine key
-  std::set<TransferId> inbound;            // landed, not yet popped
+  std::set<TransferId> inbound;            // landed, not yet popped (config.keep_inbound)
   std::vector<PendingMessage> pending_messages;
   std::vector<std::string> messages;  // peers' messages, not yet taken
   uint64_t dropped_messages = 0;      // without our inbox key
@@ -274,6 +274,8 @@ struct IoEngine::Impl {
   // Transfer `id`, copied into `peer`'s pools, succeeded: its id joins the
   // landed message queued last to the peer, or starts one.
   void queue_landed(const std::string& peer, TransferId id);
+  // The peer reached at (`endpoint`, `addr`), if any, failed (mu held).
+  void fail_peer_at(size_t endpoint, fi_addr_t addr, const Status& reason);
   void check_deadlines(Clock::time_point now);
   Result<std::pair<size_t, size_t>> endpoint_for(const EngineDesc& remote) const;
   // Any thread, no lock held: those of `memory` that name a memfd, mapped

@@ -166,8 +166,16 @@ std::vector<IoEngine::Impl::Burst> IoEngine::Impl::take_queued() {
       if (t == transfers.end() || t->second.status.state != TransferState::kInProgress) {
         continue;  // its transfer ended (failed) meanwhile: dropped, never posted
       }
-      ++t->second.with_provider;
       op->mapped = copy_target(peer.mapped.get(), *op);
+      if (op->mapped == nullptr && t->second.lands_by_message) {
+        // Its peer registered again meanwhile, and its pools are no longer
+        // mapped: without its signal the write would say nothing of delivery.
+        fail_transfer(t->second, Status::unavailable(fmt::format(
+                                     "transfer {:#x}: {}'s pools are no longer mapped here",
+                                     op->transfer, key)));
+        continue;
+      }
+      ++t->second.with_provider;
       if (op->mapped != nullptr) ++t->second.copying;
       b.ops.push_back(std::move(op));
     }
@@ -205,8 +213,9 @@ void IoEngine::Impl::post_burst(Burst& b) {
       } else {
         copy_into_peer(op.mapped, op.local, op.length);
       }
-      // Counted with a release: the copy is ordered before the signal that
-      // follows, whose completion tells the target to read these bytes.
+      // Counted with a release: the copy is ordered before what tells the
+      // target to read these bytes, which follows (a signal, a landed
+      // message, a notice).
       copied_bytes.fetch_add(op.length, std::memory_order_release);
       continue;
     }
@@ -356,7 +365,7 @@ bool IoEngine::Impl::read_completions(size_t index) {
   if (finished.empty() && got.landed.empty() && got.messages.empty()) return false;
   const auto now = Clock::now();
   std::lock_guard lock(mu);
-  inbound.insert(got.landed.begin(), got.landed.end());
+  if (config.keep_inbound) inbound.insert(got.landed.begin(), got.landed.end());
   if (!got.messages.empty()) {
     for (auto& m : got.messages) messages.push_back(std::move(m));
     messages_in.mark();
@@ -413,7 +422,11 @@ bool IoEngine::Impl::inbound_traffic() {
 
 void IoEngine::Impl::finish_op(std::unique_ptr<Op> op, const Status& error, int err) {
   if (op->message) {  // never reported: the call that follows the notice confirms
-    if (!error.is_ok()) logger("mori")->debug("a message not delivered: {}", error.message());
+    if (error.is_ok()) return;
+    logger("mori")->debug("a message not delivered: {}", error.message());
+    // A write copied whole sends nothing else through the provider: a
+    // message is what finds its peer gone.
+    if (peer_is_gone(err)) fail_peer_at(op->endpoint, op->addr, error);
     return;
   }
   auto it = transfers.find(op->transfer);
@@ -465,6 +478,13 @@ void IoEngine::Impl::queue_message(const std::string& peer, std::string payload)
   op->message = true;
   op->payload = std::move(payload);
   p->second.queue.push_back(std::move(op));
+}
+
+void IoEngine::Impl::fail_peer_at(size_t endpoint, fi_addr_t addr, const Status& reason) {
+  const auto p = std::find_if(peers.begin(), peers.end(), [&](const auto& entry) {
+    return entry.second.endpoint == endpoint && entry.second.addr == addr;
+  });
+  if (p != peers.end()) fail_peer_locked(p->first, reason);
 }
 
 void IoEngine::Impl::queue_landed(const std::string& peer, TransferId id) {

@@ -36,6 +36,7 @@ constexpr uint64_t kCopiedWriteOverhead = 8192;
 Result<IoEngineConfig> config_from(const TransportOptions& options) {
   static std::atomic<uint64_t> engines{0};
   IoEngineConfig c;
+  c.keep_inbound = false;  // never popped here (IoEngineConfig::keep_inbound)
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   c.key = fmt::format("mori-{}-{}-{}", host, getpid(), engines++);

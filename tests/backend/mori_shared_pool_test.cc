@@ -154,6 +154,34 @@ TEST(MoriSharedPool, OtherMemoryProvidersAndSharedPoolsOffLeaveEveryByteToThePro
       << refused.status().message();
 }
 
+// The transport's engines keep no inbound statuses (they never pop them):
+// a copied write is still heard of, and its notice taken, but nothing of
+// it is kept. The notice follows the landed message on the same endpoint.
+TEST(MoriSharedPool, AnEngineThatKeepsNoInboundStatusesKeepsNone) {
+  std::vector<char> src = pattern(4096);
+  auto initiator = IoEngine::create(config("initiator", "shm", true)).value();
+  IoEngineConfig keeps_none = config("target", "shm", true);
+  keeps_none.keep_inbound = false;
+  auto target = IoEngine::create(keeps_none).value();
+  auto* pool = static_cast<char*>(target->allocate(4096).value());
+  const MemoryDesc mine = initiator->register_memory(src.data(), src.size()).value();
+  const MemoryDesc theirs = target->register_memory(pool, 4096).value();
+  target->release_to_peers();
+  ASSERT_TRUE(initiator->register_remote_engine(target->desc(), {&theirs, 1}).is_ok());
+  ASSERT_TRUE(target->register_remote_engine(initiator->desc()).is_ok());
+  auto session = initiator->create_session(mine, theirs).value();
+  const std::vector<uint64_t> at = {0}, size = {4096};
+  const TransferId id = initiator->allocate_transfer_id();
+  ASSERT_TRUE(session.batch_write(at, at, size, id).is_ok());
+  ASSERT_TRUE(initiator->send_after("target", {&id, 1}, "done").is_ok());
+  ASSERT_TRUE(finished(*initiator, id));
+  ASSERT_TRUE(testing::poll_until([&] { return !target->take_messages().empty(); }, 10s));
+  EXPECT_FALSE(target->pop_inbound_transfer_status("initiator", id));
+  EXPECT_EQ(target->dropped_messages(), 0u);
+  target->acquire_inbound_writes();
+  EXPECT_EQ(std::memcmp(pool, src.data(), 4096), 0);
+}
+
 // A failed transfer is over only once no copy of it can land any more: a
 // burst copying into a peer's pool is settled before the transfer is
 // reported, however long it takes. Here one burst of 256 copies of 64 MiB
