@@ -93,6 +93,7 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
       }
     }
   }
+  impl->desc.keeps_inbound = config.keep_inbound;
   impl->desc.host_identity = impl->host_identity;
   impl->desc.start_time = process_start_time(::getpid());
   impl->returned_at.assign(impl->endpoints.size(), Clock::time_point{});

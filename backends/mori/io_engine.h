@@ -101,6 +101,9 @@ struct EngineDesc {
   // that does not is dropped: only who holds the descriptor (and with it
   // the memory keys) can send one. 0: it takes no messages.
   uint64_t inbox_key = 0;
+  // It keeps peers' landed transfers (IoEngineConfig::keep_inbound): only
+  // then is it told of writes copied into its pools (MessageKind::kLanded).
+  bool keeps_inbound = true;
 };
 
 // A registered buffer, as a peer reaches it: one remote key per provider.

@@ -489,7 +489,8 @@ void IoEngine::Impl::fail_peer_at(size_t endpoint, fi_addr_t addr, const Status&
 
 void IoEngine::Impl::queue_landed(const std::string& peer, TransferId id) {
   auto p = peers.find(peer);
-  if (p == peers.end()) return;  // failed meanwhile: nobody to tell
+  // Failed meanwhile, or it keeps no inbound statuses: nobody to tell.
+  if (p == peers.end() || !p->second.desc.keeps_inbound) return;
   auto& queue = p->second.queue;
   const auto has_room = [](const Op& op) {
     return op.message &&
@@ -497,10 +498,7 @@ void IoEngine::Impl::queue_landed(const std::string& peer, TransferId id) {
            op.payload.size() + sizeof id <= kMessageHeader + kMaxLandedIds * sizeof id;
   };
   if (queue.empty() || !has_room(*queue.back())) {
-    auto op = std::make_unique<Op>();
-    op->message = true;
-    op->payload = message_header(p->second.desc.inbox_key, MessageKind::kLanded);
-    queue.push_back(std::move(op));
+    queue_message(peer, message_header(p->second.desc.inbox_key, MessageKind::kLanded));
   }
   queue.back()->payload.append(reinterpret_cast<const char*>(&id), sizeof id);
 }

@@ -11,6 +11,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "io_engine.h"
 #include "mori_test_support.h"
@@ -88,6 +90,29 @@ uint64_t write_then_read(const std::string& provider, bool initiator_pools, bool
   return initiator->copied_bytes();
 }
 
+// An initiator that copies `src` into a target's pool of its size, over
+// shm, each engine registered with the other.
+struct CopyingPair {
+  std::unique_ptr<IoEngine> initiator, target;
+  char* pool = nullptr;
+  IoEngine::Session session;
+};
+CopyingPair copying_pair(std::vector<char>& src, bool target_keeps_inbound = true) {
+  CopyingPair c;
+  c.initiator = IoEngine::create(config("initiator", "shm", true)).value();
+  IoEngineConfig target = config("target", "shm", true);
+  target.keep_inbound = target_keeps_inbound;
+  c.target = IoEngine::create(target).value();
+  c.pool = static_cast<char*>(c.target->allocate(src.size()).value());
+  const MemoryDesc mine = c.initiator->register_memory(src.data(), src.size()).value();
+  const MemoryDesc theirs = c.target->register_memory(c.pool, src.size()).value();
+  c.target->release_to_peers();
+  EXPECT_TRUE(c.initiator->register_remote_engine(c.target->desc(), {&theirs, 1}).is_ok());
+  EXPECT_TRUE(c.target->register_remote_engine(c.initiator->desc()).is_ok());
+  c.session = c.initiator->create_session(mine, theirs).value();
+  return c;
+}
+
 TEST(MoriSharedPool, APoolOnThisHostIsCopiedIntoAndOutOf) {
   // Every body copied (3 MiB, no signal through shm), the read copied.
   EXPECT_EQ(write_then_read("shm", true, true, true), kBytes + kReadBytes);
@@ -101,15 +126,7 @@ TEST(MoriSharedPool, EveryCopiedWriteIsHeardToHaveLanded) {
   constexpr size_t kWrites = 300;
   constexpr uint64_t kPage = 4096;
   std::vector<char> src = pattern(kWrites * kPage);
-  auto initiator = IoEngine::create(config("initiator", "shm", true)).value();
-  auto target = IoEngine::create(config("target", "shm", true)).value();
-  auto* pool = static_cast<char*>(target->allocate(src.size()).value());
-  const MemoryDesc mine = initiator->register_memory(src.data(), src.size()).value();
-  const MemoryDesc theirs = target->register_memory(pool, src.size()).value();
-  target->release_to_peers();
-  ASSERT_TRUE(initiator->register_remote_engine(target->desc(), {&theirs, 1}).is_ok());
-  ASSERT_TRUE(target->register_remote_engine(initiator->desc()).is_ok());
-  auto session = initiator->create_session(mine, theirs).value();
+  auto [initiator, target, pool, session] = copying_pair(src);
   std::vector<TransferId> ids;
   for (size_t i = 0; i < kWrites; ++i) {
     const std::vector<uint64_t> at = {i * kPage}, size = {kPage};
@@ -154,22 +171,12 @@ TEST(MoriSharedPool, OtherMemoryProvidersAndSharedPoolsOffLeaveEveryByteToThePro
       << refused.status().message();
 }
 
-// The transport's engines keep no inbound statuses (they never pop them):
-// a copied write is still heard of, and its notice taken, but nothing of
-// it is kept. The notice follows the landed message on the same endpoint.
+// The transport's engines keep no inbound statuses (they never pop them),
+// and their descriptors say so: a copied write to one lands, and its
+// notice comes, but nothing of it is kept.
 TEST(MoriSharedPool, AnEngineThatKeepsNoInboundStatusesKeepsNone) {
   std::vector<char> src = pattern(4096);
-  auto initiator = IoEngine::create(config("initiator", "shm", true)).value();
-  IoEngineConfig keeps_none = config("target", "shm", true);
-  keeps_none.keep_inbound = false;
-  auto target = IoEngine::create(keeps_none).value();
-  auto* pool = static_cast<char*>(target->allocate(4096).value());
-  const MemoryDesc mine = initiator->register_memory(src.data(), src.size()).value();
-  const MemoryDesc theirs = target->register_memory(pool, 4096).value();
-  target->release_to_peers();
-  ASSERT_TRUE(initiator->register_remote_engine(target->desc(), {&theirs, 1}).is_ok());
-  ASSERT_TRUE(target->register_remote_engine(initiator->desc()).is_ok());
-  auto session = initiator->create_session(mine, theirs).value();
+  auto [initiator, target, pool, session] = copying_pair(src, /*target_keeps_inbound=*/false);
   const std::vector<uint64_t> at = {0}, size = {4096};
   const TransferId id = initiator->allocate_transfer_id();
   ASSERT_TRUE(session.batch_write(at, at, size, id).is_ok());
