@@ -48,17 +48,15 @@ std::string check_sealed(int fd, const SharedBuffer& b) {
 }  // namespace
 
 namespace {
-constexpr uint64_t kNotShared = ~uint64_t{0};
+constexpr uint64_t kNoFd = ~uint64_t{0};
 }  // namespace
 
-uint64_t memfd_to_wire(int32_t memfd) {
-  return memfd < 0 ? kNotShared : static_cast<uint64_t>(memfd);
-}
+uint64_t fd_to_wire(int32_t fd) { return fd < 0 ? kNoFd : static_cast<uint64_t>(fd); }
 
-Result<int32_t> memfd_from_wire(uint64_t field) {
-  if (field == kNotShared) return -1;
+Result<int32_t> fd_from_wire(uint64_t field, std::string_view what) {
+  if (field == kNoFd) return -1;
   if (field > uint64_t{INT32_MAX}) {
-    return Status::invalid_argument(fmt::format("memfd {} is no file descriptor", field));
+    return Status::invalid_argument(fmt::format("{} {} is no file descriptor", what, field));
   }
   return static_cast<int32_t>(field);
 }

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <iterator>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "pdkv/status.h"
@@ -42,10 +43,11 @@ struct SharedBuffer {
   }
 };
 
-// A buffer's memfd field in a descriptor: -1 (not shared) travels as all
-// ones. Reading refuses a number no file descriptor can have, naming it.
-uint64_t memfd_to_wire(int32_t memfd);
-Result<int32_t> memfd_from_wire(uint64_t field);
+// A file descriptor's number in a descriptor (a buffer's memfd, mori's
+// doorbell): -1 (none) travels as all ones. Reading refuses a number no file
+// descriptor can have, naming it as `what` ("memfd").
+uint64_t fd_to_wire(int32_t fd);
+Result<int32_t> fd_from_wire(uint64_t field, std::string_view what);
 
 // Of `sorted`, in order of base_of(entry), the entry with the greatest base
 // at or below `addr` (the only one that can hold it where entries do not

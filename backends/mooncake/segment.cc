@@ -36,7 +36,7 @@ std::string SegmentDescriptor::encode() const {
   for (const auto& b : buffers) {
     w.u64(b.base);
     w.u64(b.length);
-    w.u64(memfd_to_wire(b.memfd));
+    w.u64(fd_to_wire(b.memfd));
     w.u64(b.memfd_inode);
   }
   return w.take();
@@ -75,7 +75,7 @@ Result<SegmentDescriptor> SegmentDescriptor::decode(std::string_view blob) {
         b.base + b.length < b.base) {
       return Status::invalid_argument("mooncake descriptor truncated in its buffers");
     }
-    auto fd = memfd_from_wire(memfd);
+    auto fd = fd_from_wire(memfd, "memfd");
     if (!fd.is_ok())
       return Status::invalid_argument("mooncake descriptor: buffer " + fd.status().message());
     b.memfd = *fd;

@@ -98,6 +98,7 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
   impl->desc.start_time = process_start_time(::getpid());
   impl->returned_at.assign(impl->endpoints.size(), Clock::time_point{});
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  impl->desc.doorbell = impl->wake_fd;
   impl->start_thread();
   return std::unique_ptr<IoEngine>(new IoEngine(std::move(impl)));
 }
@@ -208,6 +209,18 @@ std::shared_ptr<const PeerMappings> IoEngine::Impl::map_pools(
   return mapped;
 }
 
+std::shared_ptr<const PeerDoorbell> IoEngine::Impl::take_doorbell(const EngineDesc& remote,
+                                                                  const PeerProcess& process) {
+  if (remote.doorbell < 0 || process.fd() < 0) return nullptr;
+  auto bell = PeerDoorbell::take(process.fd(), remote.doorbell);
+  if (!bell.is_ok()) {
+    logger("mori")->info("engine '{}': {}; its progress thread polls for what is posted to it",
+                         remote.key, bell.status().message());
+    return nullptr;
+  }
+  return std::move(*bell);
+}
+
 Status IoEngine::register_remote_engine(const EngineDesc& remote,
                                         std::span<const MemoryDesc> memory) {
   PDKV_ASSIGN_OR_RETURN(const auto chosen, impl_->endpoint_for(remote));
@@ -217,17 +230,20 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote,
   // than on the progress thread.
   std::shared_ptr<const PeerProcess> process;
   std::shared_ptr<const PeerMappings> mapped;
+  std::shared_ptr<const PeerDoorbell> doorbell;
   const Endpoint& reaching = *impl_->endpoints[local];
   if (const pid_t pid = shm_address_pid(remote.endpoints[theirs].address);
       reaching.provider == "shm" && pid > 0) {
     process = std::make_shared<const PeerProcess>(pid);
     // After the pidfd exists, a matching start time proves it is the
     // engine's process, not a later one that reuses its pid: only then are
-    // the memfds it names that engine's pools.
-    // Copies find their place by the peer's virtual addresses.
-    if (impl_->config.shared_pools && reaching.virt_addr &&
-        process_start_time(pid) == remote.start_time) {
-      mapped = impl_->map_pools(remote.key, *process, memory);
+    // the memfds and the eventfd it names that engine's.
+    if (process_start_time(pid) == remote.start_time) {
+      // Copies find their place by the peer's virtual addresses.
+      if (impl_->config.shared_pools && reaching.virt_addr) {
+        mapped = impl_->map_pools(remote.key, *process, memory);
+      }
+      doorbell = impl_->take_doorbell(remote, *process);
     }
   }
   return impl_->thread.run([&]() -> Status {
@@ -249,6 +265,7 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote,
       peer.endpoint = local;
       peer.addr = addr;
       peer.process = process;
+      peer.doorbell = doorbell;
       unmapped = std::exchange(peer.mapped, mapped);
       impl_->nonces[remote.nonce] = remote.key;
       impl_->failures.forget(remote.key);  // a new engine by that key from now on
@@ -550,6 +567,8 @@ std::vector<std::string> IoEngine::take_messages() {
 }
 
 uint64_t IoEngine::copied_bytes() const { return impl_->copied_bytes.load(); }
+
+uint64_t IoEngine::rung_doorbells() const { return impl_->rung_doorbells.load(); }
 
 bool IoEngine::copies_from(const EngineDesc& remote, std::span<const MemoryDesc> memory) const {
   const auto chosen = impl_->endpoint_for(remote);

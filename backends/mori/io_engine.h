@@ -104,6 +104,10 @@ struct EngineDesc {
   // It keeps peers' landed transfers (IoEngineConfig::keep_inbound): only
   // then is it told of writes copied into its pools (MessageKind::kLanded).
   bool keeps_inbound = true;
+  // The number, in its process, of the eventfd that wakes its progress
+  // thread: a peer on the same host that maps its pools rings it after
+  // posting (peer_doorbell.h). -1: none.
+  int32_t doorbell = -1;
 };
 
 // A registered buffer, as a peer reaches it: one remote key per provider.
@@ -230,6 +234,9 @@ class IoEngine {
   // Bytes this engine's progress thread copied into or out of peers' mapped
   // pools; the provider moved the rest.
   uint64_t copied_bytes() const;
+  // Times this engine rang a same-host peer's doorbell (peer_doorbell.h):
+  // once per burst that posted anything to that peer through the provider.
+  uint64_t rung_doorbells() const;
   // Whether the engine of `remote`, with `memory`, copies into this engine's
   // pools when it writes here: on this host over shm, with shared pools on
   // both sides.

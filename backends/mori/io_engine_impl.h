@@ -30,6 +30,7 @@
 #include "drain_deadline.h"
 #include "fabric_endpoint.h"
 #include "io_engine.h"
+#include "peer_doorbell.h"
 #include "peer_process.h"
 #include "progress_thread.h"
 #include "shared_pool.h"
@@ -95,6 +96,8 @@ struct IoEngine::Impl {
     // Its pools mapped here (shared_pool.h), fixed at registration; a burst
     // holds them while it copies, in case the peer goes meanwhile.
     std::shared_ptr<const PeerMappings> mapped;
+    // Rung after each burst posted to it; null where it was not taken.
+    std::shared_ptr<const PeerDoorbell> doorbell;
   };
   // A failed peer's address, removed from its AV once no operation of its
   // transfers is with the provider.
@@ -141,8 +144,10 @@ struct IoEngine::Impl {
     size_t endpoint = 0;
     std::shared_ptr<const PeerProcess> process;
     std::shared_ptr<const PeerMappings> mapped;
+    std::shared_ptr<const PeerDoorbell> doorbell;
     std::vector<std::unique_ptr<Op>> ops;
-    size_t posted = 0;   // ops[0, posted) went to the provider
+    size_t posted = 0;   // ops[0, posted) went to the provider (or were copied)
+    bool rings = false;  // the provider took one of them: the peer's doorbell rings
     int refused_rc = 0;  // else: it refused ops[posted] with this, and the burst stopped
   };
   struct Finished {
@@ -186,6 +191,12 @@ struct IoEngine::Impl {
   std::map<Op*, std::unique_ptr<Op>> posted;            // handed to the provider
   std::vector<std::pair<size_t, InboxSlot*>> unposted;  // (endpoint, receive) to post again
   Clock::time_point next_deadline_check = Clock::now();
+  // Whether the thread last woke because its sleep ran out, no file
+  // descriptor having said anything; and until when it polls without
+  // sleeping, since peers' traffic came that way (a peer that does not ring
+  // our doorbell: see idle_wait).
+  bool woke_unannounced = false;
+  Clock::time_point unannounced_until{};
 
   // Held by the progress thread for each round of provider calls, in which
   // providers copy peers' bytes into our memory; see acquire_inbound_writes.
@@ -217,6 +228,7 @@ struct IoEngine::Impl {
   uint64_t dropped_messages = 0;      // without our inbox key
   // The progress thread's copies into peers' mapped pools (post_burst).
   std::atomic<uint64_t> copied_bytes{0};
+  std::atomic<uint64_t> rung_doorbells{0};
   // Per endpoint: when its provider last returned one of our operations.
   // Draining transfers count it as progress: a provider busy with other
   // transfers' operations ahead of theirs is not stuck.
@@ -258,7 +270,9 @@ struct IoEngine::Impl {
   static ssize_t post(Endpoint& endpoint, Op& op, uint64_t flags);
   static char* copy_target(const PeerMappings* mapped, const Op& op);
   void settle_burst(Burst& burst);
-  bool read_completions(size_t endpoint);
+  // True when anything completed or landed; `arrived` set when peers'
+  // messages or transfers did.
+  bool read_completions(size_t endpoint, bool& arrived);
   // A receive completed (or failed): what it says kept, the slot posted again.
   void take_receive(size_t endpoint, InboxSlot* slot, size_t length, Arrivals& got);
   void post_receives_again();
@@ -282,6 +296,10 @@ struct IoEngine::Impl {
   // through the peer's pidfd; nullptr when none is.
   std::shared_ptr<const PeerMappings> map_pools(const std::string& key, const PeerProcess& process,
                                                 std::span<const MemoryDesc> memory) const;
+  // Any thread, no lock held: the peer's doorbell, taken through its pidfd;
+  // nullptr (logged) when it names none or it cannot be taken.
+  static std::shared_ptr<const PeerDoorbell> take_doorbell(const EngineDesc& remote,
+                                                           const PeerProcess& process);
   std::vector<std::string> provider_names() const;
   // mu held, any thread:
   void fail_exited_peers(bool queued_only);

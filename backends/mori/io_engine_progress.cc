@@ -20,8 +20,9 @@ namespace {
 // Idle, the progress thread still reads the completion queues this often:
 // manual-progress providers move inbound data only when polled.
 constexpr auto kIdleTick = std::chrono::milliseconds(1);
-// After peers' traffic was last seen, the thread keeps polling without
-// sleeping this long: on shm every small write waits for the target's poll.
+// After peers' traffic that nothing announced was last seen (idle_wait),
+// the thread keeps polling without sleeping this long: on shm a peer that
+// does not ring our doorbell is heard only when we poll.
 constexpr auto kHotWindow = std::chrono::milliseconds(5);
 // At most this many operations of one peer are taken off its queue per
 // pass: what the provider refuses (-FI_EAGAIN) goes back, and a burst
@@ -65,7 +66,7 @@ void IoEngine::Impl::start_thread() {
   driver.sleep = [this](std::chrono::microseconds limit) { idle_wait(limit); };
   driver.wake = [this] { notify(); };
   driver.idle_tick = kIdleTick;
-  driver.hot_tick = std::chrono::microseconds(0);  // no sleep at all while traffic is hot
+  driver.hot_tick = std::chrono::microseconds(0);  // idle_wait decides whether to sleep
   driver.hot_window = kHotWindow;
   driver.stuck = [this] { return give_up_if_stuck(); };
   thread.start(std::move(driver));
@@ -76,9 +77,13 @@ bool IoEngine::Impl::progress() {
   cancel_failed();
   post_receives_again();
   bool active = post_queued();
-  for (size_t i = 0; i < endpoints.size(); ++i) active |= read_completions(i);
-  active |= inbound_traffic();  // peers' traffic: keep polling for a while (kHotWindow)
+  bool arrived = false;
+  for (size_t i = 0; i < endpoints.size(); ++i) active |= read_completions(i, arrived);
+  arrived |= inbound_traffic();
+  active |= arrived;
   const auto now = Clock::now();
+  if (arrived && woke_unannounced) unannounced_until = now + kHotWindow;
+  woke_unannounced = false;
   if (now >= next_deadline_check) {
     next_deadline_check = now + std::chrono::milliseconds(10);
     std::lock_guard lock(mu);
@@ -99,11 +104,23 @@ bool IoEngine::Impl::busy() {
 }
 
 // Sleeps until a CQ's file descriptor or wake_fd says there is work, or
-// `limit` passes (kIdleTick when a provider has no descriptor).
+// `limit` passes (kIdleTick when a provider has no descriptor, or when
+// traffic is hot: limit 0).
+//
+// Hot, it polls again at once instead only while peers' traffic keeps
+// coming that no descriptor announced: shm has none, and a peer that does
+// not ring our doorbell (peer_doorbell.h) is heard only by polling. One that
+// rings wakes us; then the thread sleeps, because a thread that yields
+// without end on a host with more threads than cores is the last the
+// scheduler picks: at 4 -> 1 on 2 cores, a notice then waited 1.2 ms p50 to
+// be read, against 0.2 ms asleep and rung (docs/benchmarks.md).
 void IoEngine::Impl::idle_wait(std::chrono::microseconds limit) {
   if (limit <= std::chrono::microseconds::zero()) {
-    std::this_thread::yield();  // hot: poll again at once
-    return;
+    if (Clock::now() < unannounced_until) {
+      std::this_thread::yield();
+      return;
+    }
+    limit = kIdleTick;
   }
   std::vector<pollfd> fds = {{wake_fd, POLLIN, 0}};
   bool all_waitable = wake_fd >= 0;
@@ -120,9 +137,10 @@ void IoEngine::Impl::idle_wait(std::chrono::microseconds limit) {
       fds.push_back({e->wait_fd, POLLIN, 0});
     }
   }
-  const auto wait = all_waitable ? std::chrono::milliseconds(100)
-                                 : std::chrono::duration_cast<std::chrono::milliseconds>(limit);
-  ::poll(fds.data(), fds.size(), std::max<int>(static_cast<int>(wait.count()), 1));
+  const std::chrono::microseconds wait = all_waitable ? std::chrono::milliseconds(100) : limit;
+  const timespec timeout{static_cast<time_t>(wait.count() / 1000000),
+                         static_cast<long>(wait.count() % 1000000) * 1000};
+  woke_unannounced = ::ppoll(fds.data(), fds.size(), &timeout, nullptr) == 0;
   uint64_t count;
   if (fds[0].revents & POLLIN) (void)!::read(wake_fd, &count, sizeof count);
 }
@@ -137,6 +155,10 @@ bool IoEngine::Impl::post_queued() {
   for (auto& b : bursts) {
     if (lost) break;  // given up (give_up_if_stuck): nothing more goes
     post_burst(b);
+    if (b.rings && b.doorbell) {
+      b.doorbell->ring();
+      rung_doorbells.fetch_add(1, std::memory_order_relaxed);
+    }
     any |= b.posted > 0;
   }
   std::lock_guard lock(mu);
@@ -152,7 +174,7 @@ std::vector<IoEngine::Impl::Burst> IoEngine::Impl::take_queued() {
   fail_exited_peers(/*queued_only=*/true);  // no write starts to a peer that is gone
   for (auto& [key, peer] : peers) {
     if (peer.queue.empty()) continue;
-    Burst b{key, peer.endpoint, peer.process, peer.mapped, {}, 0, 0};
+    Burst b{key, peer.endpoint, peer.process, peer.mapped, peer.doorbell, {}, 0, false, 0};
     while (!peer.queue.empty() && b.ops.size() < kPostBurst) {
       std::unique_ptr<Op> op = std::move(peer.queue.front());
       peer.queue.pop_front();
@@ -228,6 +250,7 @@ void IoEngine::Impl::post_burst(Burst& b) {
       b.refused_rc = static_cast<int>(rc);
       return;
     }
+    b.rings = true;
   }
 }
 
@@ -307,9 +330,8 @@ void IoEngine::Impl::settle_copy(const Op& op) {
   if (t != transfers.end() && t->second.copying > 0) --t->second.copying;
 }
 
-// Reads the CQ without mu; what it finished is settled under mu. True when
-// anything completed or landed.
-bool IoEngine::Impl::read_completions(size_t index) {
+// Reads the CQ without mu; what it finished is settled under mu.
+bool IoEngine::Impl::read_completions(size_t index, bool& arrived) {
   Endpoint& e = *endpoints[index];
   std::vector<Finished> finished;
   Arrivals got;
@@ -362,6 +384,7 @@ bool IoEngine::Impl::read_completions(size_t index) {
       posted.erase(it);
     }
   }
+  arrived |= !got.landed.empty() || !got.messages.empty();
   if (finished.empty() && got.landed.empty() && got.messages.empty()) return false;
   const auto now = Clock::now();
   std::lock_guard lock(mu);
