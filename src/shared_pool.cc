@@ -53,6 +53,15 @@ constexpr uint64_t kNoFd = ~uint64_t{0};
 
 uint64_t fd_to_wire(int32_t fd) { return fd < 0 ? kNoFd : static_cast<uint64_t>(fd); }
 
+Result<int> take_peer_fd(int pidfd, int32_t number, std::string_view what) {
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, number, 0));
+  if (fd < 0) {
+    return Status::unavailable(
+        fmt::format("pidfd_getfd of its {} {}: {}", what, number, errno_text()));
+  }
+  return fd;
+}
+
 Result<int32_t> fd_from_wire(uint64_t field, std::string_view what) {
   if (field == kNoFd) return -1;
   if (field > uint64_t{INT32_MAX}) {
@@ -137,12 +146,13 @@ Status PeerMappings::map(int pidfd, std::span<const SharedBuffer> buffers) {
   Status first_failure;
   for (const auto& b : buffers) {
     if (b.memfd < 0) continue;
-    const int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, b.memfd, 0));
+    const Result<int> taken = take_peer_fd(pidfd, b.memfd, "memfd");
     void* local = MAP_FAILED;
     std::string why;
-    if (fd < 0) {
-      why = fmt::format("pidfd_getfd of its memfd {}: {}", b.memfd, errno_text());
+    if (!taken.is_ok()) {
+      why = taken.status().message();
     } else {
+      const int fd = *taken;
       why = check_sealed(fd, b);
       if (why.empty()) {
         local = ::mmap(nullptr, b.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);

@@ -49,6 +49,12 @@ struct SharedBuffer {
 uint64_t fd_to_wire(int32_t fd);
 Result<int32_t> fd_from_wire(uint64_t field, std::string_view what);
 
+// The file numbered `number` in the process of `pidfd`, as a new descriptor
+// of this process (close-on-exec) that the caller closes: pidfd_getfd, which
+// needs the ptrace permission process_vm_writev needs. An error names
+// `what` ("memfd") and the number.
+Result<int> take_peer_fd(int pidfd, int32_t number, std::string_view what);
+
 // Of `sorted`, in order of base_of(entry), the entry with the greatest base
 // at or below `addr` (the only one that can hold it where entries do not
 // overlap), or nullptr.

@@ -12,7 +12,7 @@ namespace {
 // 2: the inbox key; 3: the process's start time and each memory's memfd
 // and its inode; 4: messages between engines carry their kind
 // (io_engine_impl.h, MessageKind), and whether it keeps inbound statuses;
-// 5: its doorbell (peer_doorbell.h).
+// 5: its doorbell and that eventfd's id (peer_doorbell.h).
 constexpr std::string_view kMagic = "pdkv-mori-5";
 constexpr uint64_t kMaxEntries = 1 << 20;
 
@@ -28,6 +28,7 @@ std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory)
   w.u64(engine.inbox_key);
   w.u64(engine.keeps_inbound ? 1 : 0);
   w.u64(fd_to_wire(engine.doorbell));
+  w.u64(engine.doorbell_id);
   w.u64(engine.endpoints.size());
   for (const auto& e : engine.endpoints) {
     w.bytes(e.provider);
@@ -49,15 +50,16 @@ std::string encode(const EngineDesc& engine, std::span<const MemoryDesc> memory)
 Status decode(std::string_view blob, EngineDesc& engine, std::vector<MemoryDesc>& memory) {
   ByteReader r(blob);
   std::string_view magic, key, host;
-  uint64_t nonce = 0, start_time = 0, inbox_key = 0, keeps_inbound = 0, doorbell = 0, endpoints = 0,
-           regions = 0;
+  uint64_t nonce = 0, start_time = 0, inbox_key = 0, keeps_inbound = 0, doorbell = 0,
+           doorbell_id = 0, endpoints = 0, regions = 0;
   if (!r.bytes(magic) || magic != kMagic) {
     return Status::invalid_argument(
         fmt::format("not a mori engine descriptor ({} bytes): bad magic", blob.size()));
   }
   if (!r.bytes(key) || !r.u64(nonce) || nonce > UINT32_MAX || !r.bytes(host) ||
       !r.u64(start_time) || !r.u64(inbox_key) || !r.u64(keeps_inbound) || keeps_inbound > 1 ||
-      !r.u64(doorbell) || !r.u64(endpoints) || endpoints == 0 || endpoints > 16) {
+      !r.u64(doorbell) || !r.u64(doorbell_id) || !r.u64(endpoints) || endpoints == 0 ||
+      endpoints > 16) {
     return Status::invalid_argument("mori descriptor truncated in its header");
   }
   const Result<int32_t> doorbell_fd = fd_from_wire(doorbell, "doorbell");
@@ -67,7 +69,7 @@ Status decode(std::string_view blob, EngineDesc& engine, std::vector<MemoryDesc>
   }
   engine =
       EngineDesc{std::string(key), static_cast<uint32_t>(nonce), std::string(host), start_time, {},
-                 inbox_key,        keeps_inbound == 1,           *doorbell_fd};
+                 inbox_key,        keeps_inbound == 1,           *doorbell_fd,      doorbell_id};
   for (uint64_t i = 0; i < endpoints; ++i) {
     std::string_view provider, address;
     if (!r.bytes(provider) || !r.bytes(address)) {

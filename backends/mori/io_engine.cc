@@ -98,7 +98,12 @@ Result<std::unique_ptr<IoEngine>> IoEngine::create(IoEngineConfig config) {
   impl->desc.start_time = process_start_time(::getpid());
   impl->returned_at.assign(impl->endpoints.size(), Clock::time_point{});
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  impl->desc.doorbell = impl->wake_fd;
+  // A kernel that gives eventfds no id (before 5.16) offers no doorbell:
+  // nothing would prove to a peer that it took this one.
+  if (const uint64_t id = impl->wake_fd >= 0 ? PeerDoorbell::id_of(impl->wake_fd) : 0; id != 0) {
+    impl->desc.doorbell = impl->wake_fd;
+    impl->desc.doorbell_id = id;
+  }
   impl->start_thread();
   return std::unique_ptr<IoEngine>(new IoEngine(std::move(impl)));
 }
@@ -209,10 +214,14 @@ std::shared_ptr<const PeerMappings> IoEngine::Impl::map_pools(
   return mapped;
 }
 
-std::shared_ptr<const PeerDoorbell> IoEngine::Impl::take_doorbell(const EngineDesc& remote,
-                                                                  const PeerProcess& process) {
+namespace {
+
+// Any thread, no lock held: the peer's doorbell, taken through its pidfd;
+// nullptr (logged) when it names none or it cannot be taken.
+std::shared_ptr<const PeerDoorbell> take_doorbell(const EngineDesc& remote,
+                                                  const PeerProcess& process) {
   if (remote.doorbell < 0 || process.fd() < 0) return nullptr;
-  auto bell = PeerDoorbell::take(process.fd(), remote.doorbell);
+  auto bell = PeerDoorbell::take(process.fd(), remote.doorbell, remote.doorbell_id);
   if (!bell.is_ok()) {
     logger("mori")->info("engine '{}': {}; its progress thread polls for what is posted to it",
                          remote.key, bell.status().message());
@@ -220,6 +229,8 @@ std::shared_ptr<const PeerDoorbell> IoEngine::Impl::take_doorbell(const EngineDe
   }
   return std::move(*bell);
 }
+
+}  // namespace
 
 Status IoEngine::register_remote_engine(const EngineDesc& remote,
                                         std::span<const MemoryDesc> memory) {
@@ -243,7 +254,7 @@ Status IoEngine::register_remote_engine(const EngineDesc& remote,
       if (impl_->config.shared_pools && reaching.virt_addr) {
         mapped = impl_->map_pools(remote.key, *process, memory);
       }
-      doorbell = impl_->take_doorbell(remote, *process);
+      doorbell = take_doorbell(remote, *process);
     }
   }
   return impl_->thread.run([&]() -> Status {

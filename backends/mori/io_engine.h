@@ -104,10 +104,12 @@ struct EngineDesc {
   // It keeps peers' landed transfers (IoEngineConfig::keep_inbound): only
   // then is it told of writes copied into its pools (MessageKind::kLanded).
   bool keeps_inbound = true;
-  // The number, in its process, of the eventfd that wakes its progress
-  // thread: a peer on the same host that maps its pools rings it after
-  // posting (peer_doorbell.h). -1: none.
+  // Its doorbell (peer_doorbell.h): the number, in its process, of the
+  // eventfd that wakes its progress thread, and that eventfd's id, which
+  // proves a peer took the one described. A peer on the same host rings it
+  // after posting. -1 (and 0): none.
   int32_t doorbell = -1;
+  uint64_t doorbell_id = 0;
 };
 
 // A registered buffer, as a peer reaches it: one remote key per provider.

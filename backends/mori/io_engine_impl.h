@@ -193,10 +193,10 @@ struct IoEngine::Impl {
   Clock::time_point next_deadline_check = Clock::now();
   // Whether the thread last woke because its sleep ran out, no file
   // descriptor having said anything; and until when it polls without
-  // sleeping, since peers' traffic came that way (a peer that does not ring
-  // our doorbell: see idle_wait).
+  // sleeping, since peers' traffic came so (a peer that does not ring our
+  // doorbell: see idle_wait).
   bool woke_unannounced = false;
-  Clock::time_point unannounced_until{};
+  Clock::time_point spin_until{};
 
   // Held by the progress thread for each round of provider calls, in which
   // providers copy peers' bytes into our memory; see acquire_inbound_writes.
@@ -296,10 +296,6 @@ struct IoEngine::Impl {
   // through the peer's pidfd; nullptr when none is.
   std::shared_ptr<const PeerMappings> map_pools(const std::string& key, const PeerProcess& process,
                                                 std::span<const MemoryDesc> memory) const;
-  // Any thread, no lock held: the peer's doorbell, taken through its pidfd;
-  // nullptr (logged) when it names none or it cannot be taken.
-  static std::shared_ptr<const PeerDoorbell> take_doorbell(const EngineDesc& remote,
-                                                           const PeerProcess& process);
   std::vector<std::string> provider_names() const;
   // mu held, any thread:
   void fail_exited_peers(bool queued_only);

@@ -21,8 +21,8 @@ namespace {
 // manual-progress providers move inbound data only when polled.
 constexpr auto kIdleTick = std::chrono::milliseconds(1);
 // After peers' traffic that nothing announced was last seen (idle_wait),
-// the thread keeps polling without sleeping this long: on shm a peer that
-// does not ring our doorbell is heard only when we poll.
+// the thread polls without sleeping this long: on shm a peer that does not
+// ring our doorbell is heard only when we poll.
 constexpr auto kHotWindow = std::chrono::milliseconds(5);
 // At most this many operations of one peer are taken off its queue per
 // pass: what the provider refuses (-FI_EAGAIN) goes back, and a burst
@@ -66,8 +66,9 @@ void IoEngine::Impl::start_thread() {
   driver.sleep = [this](std::chrono::microseconds limit) { idle_wait(limit); };
   driver.wake = [this] { notify(); };
   driver.idle_tick = kIdleTick;
-  driver.hot_tick = std::chrono::microseconds(0);  // idle_wait decides whether to sleep
-  driver.hot_window = kHotWindow;
+  // Never faster after traffic as such: idle_wait polls without sleeping
+  // only after traffic that came unannounced.
+  driver.hot_tick = kIdleTick;
   driver.stuck = [this] { return give_up_if_stuck(); };
   thread.start(std::move(driver));
 }
@@ -82,7 +83,7 @@ bool IoEngine::Impl::progress() {
   arrived |= inbound_traffic();
   active |= arrived;
   const auto now = Clock::now();
-  if (arrived && woke_unannounced) unannounced_until = now + kHotWindow;
+  if (arrived && woke_unannounced) spin_until = now + kHotWindow;
   woke_unannounced = false;
   if (now >= next_deadline_check) {
     next_deadline_check = now + std::chrono::milliseconds(10);
@@ -104,23 +105,22 @@ bool IoEngine::Impl::busy() {
 }
 
 // Sleeps until a CQ's file descriptor or wake_fd says there is work, or
-// `limit` passes (kIdleTick when a provider has no descriptor, or when
-// traffic is hot: limit 0).
+// `limit` passes (kIdleTick when a provider has no descriptor).
 //
-// Hot, it polls again at once instead only while peers' traffic keeps
-// coming that no descriptor announced: shm has none, and a peer that does
-// not ring our doorbell (peer_doorbell.h) is heard only by polling. One that
-// rings wakes us; then the thread sleeps, because a thread that yields
-// without end on a host with more threads than cores is the last the
-// scheduler picks: at 4 -> 1 on 2 cores, a notice then waited 1.2 ms p50 to
-// be read, against 0.2 ms asleep and rung (docs/benchmarks.md).
+// It polls again at once instead while peers' traffic keeps coming that
+// nothing announced: shm has no descriptor, and a peer that does not ring
+// our doorbell (peer_doorbell.h) is heard only by polling. Traffic that
+// rang, or woke a descriptor (tcp;ofi_rxm's), lets the thread sleep: a
+// thread that yields without end on a host with more threads than cores is
+// the last the scheduler picks (at 4 -> 1 on 2 cores, a notice waited
+// 1.2 ms p50 to be read so, against 0.2 ms asleep and rung;
+// docs/benchmarks.md).
 void IoEngine::Impl::idle_wait(std::chrono::microseconds limit) {
-  if (limit <= std::chrono::microseconds::zero()) {
-    if (Clock::now() < unannounced_until) {
-      std::this_thread::yield();
-      return;
-    }
-    limit = kIdleTick;
+  if (Clock::now() < spin_until) {
+    uint64_t count;  // what the next pass finds came unannounced, unless this reads a ring
+    woke_unannounced = ::read(wake_fd, &count, sizeof count) < 0;
+    std::this_thread::yield();
+    return;
   }
   std::vector<pollfd> fds = {{wake_fd, POLLIN, 0}};
   bool all_waitable = wake_fd >= 0;

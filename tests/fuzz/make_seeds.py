@@ -92,11 +92,12 @@ def seeds():
                 u64(2) + blob(b"s" * 32) + u64(1) + blob("127.0.0.1:5000") + u64(2) +
                 u64(0x10000) + u64(4096) + u64(2**64 - 1) + u64(0) +
                 u64(0x20000) + u64(4096) + u64(5) + u64(77))
-    # Key, nonce, host, start time, inbox key, keeps inbound, doorbell,
-    # endpoints; memory: id, base, length, memfd, its inode, keys.
+    # Key, nonce, host, start time, inbox key, keeps inbound, doorbell and
+    # its eventfd-id, endpoints; memory: id, base, length, memfd, its inode,
+    # keys.
     mori = (blob("pdkv-mori-5") + blob("engine") + u64(3) + blob("host") + u64(12345) +
-            u64(0x77) + u64(1) + u64(9) + u64(1) + blob("tcp;ofi_rxm") + blob(b"addr") + u64(1) +
-            u64(0) +
+            u64(0x77) + u64(1) + u64(9) + u64(42) + u64(1) + blob("tcp;ofi_rxm") + blob(b"addr") +
+            u64(1) + u64(0) +
             u64(0x10000) + u64(4096) + u64(7) + u64(99) + u64(1) + u64(0x1234))
     nixl = blob("pdkv-nixl-2") + blob(b"worker") + u64(5) + u64(0) + u64(1) + u64(0) + \
         u64(4096) + blob(b"rkey")
