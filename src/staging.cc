@@ -3,18 +3,25 @@
 // walk the same arithmetic (pdkv/plan_view.h) and make the same checks.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "pdkv/plan.h"
 
 namespace pdkv {
-bool staging_pays(const TransferPlan& plan, uint64_t write_overhead_bytes) {
+bool staging_pays(const TransferPlan& plan, uint64_t write_overhead_bytes,
+                  uint32_t sources_scattered) {
   const uint64_t fragments = plan.fragment_count();
   if (fragments <= 1 || write_overhead_bytes == 0) return false;
-  // (fragments - 1) x overhead > 2 x bytes, divided through so that no
-  // product can overflow: for whole numbers, n > floor(c / o) is n x o > c.
-  return fragments - 1 > 2 * plan.bytes() / write_overhead_bytes;
+  // (fragments - 1) x overhead > sources x bytes, divided through so that
+  // no product can overflow: for whole numbers, n > floor(c / o) is
+  // n x o > c. The plan is at most 2^64 bytes / 2^32 sources apart from
+  // that: the product saturates rather than wraps.
+  const uint64_t sources = std::max<uint32_t>(sources_scattered, 1);
+  const uint64_t copied = plan.bytes() > UINT64_MAX / sources ? UINT64_MAX : plan.bytes() * sources;
+  return fragments - 1 > copied / write_overhead_bytes;
 }
 
 Status check_staging_bounds(const TransferPlan& plan, PlanSide side,

@@ -27,7 +27,12 @@ constexpr std::string_view kOptions =
 // about 10 us on shm and tcp at 512-byte fragments, 7 (shm) to 20 us (tcp)
 // at page-sized ones, where staging measured faster than direct writes at
 // 1 -> 1; copied into a same-host peer's mapped pool, the bookkeeping of one
-// operation (docs/benchmarks.md).
+// operation (docs/benchmarks.md). That one is a compromise: where a decode
+// rank has two or four sources, direct writes won at 1 k tokens (4 -> 1:
+// off 2.3-2.7 against on 0.9-1.2 GB/s) and staging won at one page (4 -> 1:
+// 1.1-1.9 against 2.4-2.6 ms p50), because a transfer (one per region pair)
+// costs far more than a fragment, and staging_pays() counts fragments only.
+// 8 KiB keeps staging there, as before the scatters were counted.
 constexpr uint64_t kProviderWriteOverhead = 131072;
 constexpr uint64_t kCopiedWriteOverhead = 8192;
 

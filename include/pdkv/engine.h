@@ -67,9 +67,10 @@ enum class Role : uint8_t { kPrefill, kDecode };
 // Staging (DESIGN §3): small fragments are gathered into one contiguous
 // block, written at once into a slot the decode rank reserved, and scattered
 // there. The decode rank decides per (room, source): kOn always, kAuto when
-// the route's writes would cost the transport more than the two copies
-// staging adds (Transport::write_overhead_bytes_from() of the source,
-// staging_pays() in pdkv/plan.h), kOff never. Needs staging_bytes
+// the route's writes would cost the transport more than the copies staging
+// adds (Transport::write_overhead_bytes_from() of the source, and the
+// scatters of the room's sources here: staging_pays() in pdkv/plan.h), kOff
+// never. Needs staging_bytes
 // on both sides; without room in a pool, a route goes direct.
 // kNaive is a benchmark baseline, not a choice for production: no staging and
 // no coalescing, one write per (layer, token, K/V) fragment (per head too in

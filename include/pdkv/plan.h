@@ -182,10 +182,19 @@ Status check_staging_bounds(const TransferPlan& plan, PlanSide side,
                             std::span<const uint64_t> buffer_lengths, uint64_t staging_bytes);
 
 // Whether staging the plan costs less than writing its fragments one by one
-// (Staging::kAuto): staging adds a gather and a scatter of plan.bytes() and
-// saves the overhead of every write but one. `write_overhead_bytes` is the
-// transport's (TransportCapabilities), so the comparison is in copied bytes:
-// (fragments - 1) x overhead > 2 x bytes.
-bool staging_pays(const TransferPlan& plan, uint64_t write_overhead_bytes);
+// (Staging::kAuto). Staging saves the overhead of every write but one, and
+// adds a gather of plan.bytes() at the source and a scatter at the
+// destination. The ranks work side by side, so what it costs is the longer
+// of the two: the destination's, which scatters the blocks of all
+// `sources_scattered` sources of the room it stages (at least 1) while each
+// source gathers its own. `write_overhead_bytes` is the transport's
+// (TransportCapabilities), so the comparison is in copied bytes:
+// (fragments - 1) x overhead > sources x bytes. Until 2026-12 it was
+// 2 x bytes whatever the sources, and no figure of nixl's chose right at
+// every pair: a decode rank fed by two or four sources scatters for them
+// all (`off` won at 4 -> 1 and 2 -> 1), one fed by a single source does not
+// (`on` won at 2 -> 4 and 1 -> 4; docs/benchmarks.md).
+bool staging_pays(const TransferPlan& plan, uint64_t write_overhead_bytes,
+                  uint32_t sources_scattered);
 
 }  // namespace pdkv

@@ -106,7 +106,7 @@ struct TransportCapabilities {
   // What one more write costs beyond moving its bytes (posting it, its
   // completion, its framing), as the bytes one core copies in that time.
   // Staging::kAuto gathers a route when its writes would cost more than the
-  // two copies staging adds (staging_pays() in pdkv/plan.h). Backends set it
+  // copies staging adds (staging_pays() in pdkv/plan.h). Backends set it
   // from what they measure (docs/benchmarks.md, "auto staging").
   // Where a backend reaches some peers by a cheaper path than others (one on
   // the same host), this is its figure for a peer it knows nothing of, and

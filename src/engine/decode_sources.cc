@@ -98,11 +98,15 @@ Result<bool> DecodeSide::reserve_staging(const DecodeRoom& room, Source& source)
   }
   if (plan->bytes() == 0) return true;
   // Auto: staging when the transport's writes of these fragments would cost
-  // more than gathering and scattering them (the transport says what a write
+  // more than gathering them there and scattering them here, with those of
+  // the room's other sources that send KV (the transport says what a write
   // from this source costs).
+  const auto kv_sources = std::count_if(room.sources.begin(), room.sources.end(),
+                                        [](const auto& s) { return bool(s.second.link.kv); });
   if (!must && config.staging == Staging::kAuto &&
       !staging_pays(*plan,
-                    ctx_.transport.write_overhead_bytes_from(source.rank.transport_descriptor()))) {
+                    ctx_.transport.write_overhead_bytes_from(source.rank.transport_descriptor()),
+                    static_cast<uint32_t>(kv_sources))) {
     return true;
   }
   // Both pools must hold the block: ours receives it, the source gathers it.

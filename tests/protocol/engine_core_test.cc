@@ -169,14 +169,18 @@ TEST(EngineCore, AStagingSlotTheSourceCannotFillGoesDirect) {
   EXPECT_EQ(c->prefill[0]->stats().direct_routes, 1u);
 }
 
-// Room 3 of three pages through TP 1 -> 2 with auto staging; every byte
-// checked. Each decode rank's route is 4 layers x K/V x 3 pages x 4 tokens =
-// 96 fragments of 4 heads x 4 x 2 B = 32 B, 3072 bytes. Staging adds 2 x
-// 3072 copied bytes and saves 95 writes: it pays above 6144 / 95 = 64.7
-// bytes of overhead per write. Returns the routes the decode ranks staged.
+// Room 3 of three pages with auto staging, through TP 1 -> 2 (each decode
+// rank has one source) or 2 -> 1 (its one rank has two); every byte
+// checked. Either way a route is 4 layers x K/V x 3 pages x 4 tokens = 96
+// fragments of 4 heads x 4 x 2 B = 32 B, 3072 bytes. Staging saves 95
+// writes and costs the decode rank a scatter of 3072 bytes for each of its
+// sources: it pays above 3072 / 95 = 32.3 bytes of overhead per write with
+// one source, above 6144 / 95 = 64.7 with two. Returns the routes the
+// decode ranks staged.
 uint64_t staged_routes_of_one_auto_room(const TransportOptions& prefill,
-                                        const TransportOptions& decode) {
-  ClusterSpec spec = shape(8, 1, 2);
+                                        const TransportOptions& decode, uint32_t prefill_tp = 1,
+                                        uint32_t decode_tp = 2) {
+  ClusterSpec spec = shape(8, prefill_tp, decode_tp);
   spec.staging = Staging::kAuto;
   spec.prefill_transport = prefill;
   spec.decode_transport = decode;
@@ -190,14 +194,22 @@ uint64_t staged_routes_of_one_auto_room(const TransportOptions& prefill,
     EXPECT_EQ(receiver->poll(), PollState::kSuccess) << receiver->failure().to_string();
   }
   EXPECT_EQ(c->verify(3, first_pages(3, 8), 0, {}), "");
-  return c->decode[0]->stats().staged_routes + c->decode[1]->stats().staged_routes;
+  uint64_t staged = 0;
+  for (const auto& d : c->decode) staged += d->stats().staged_routes;
+  return staged;
 }
 
-TEST(EngineCore, AutoStagesWhenTheTransportsWritesCostMoreThanTwoCopies) {
-  for (const auto& [overhead, staged] : {std::pair{"64", 0u}, std::pair{"65", 2u}}) {
-    SCOPED_TRACE(std::string("write_overhead_bytes=") + overhead);
+TEST(EngineCore, AutoStagesWhenTheTransportsWritesCostMoreThanTheScattersItAdds) {
+  for (const auto& [overhead, staged] : {std::pair{"32", 0u}, std::pair{"33", 2u}}) {
+    SCOPED_TRACE(std::string("1 -> 2, write_overhead_bytes=") + overhead);
     const TransportOptions options = {{"write_overhead_bytes", overhead}};
     EXPECT_EQ(staged_routes_of_one_auto_room(options, options), staged);
+  }
+  // One decode rank that would scatter for two sources.
+  for (const auto& [overhead, staged] : {std::pair{"64", 0u}, std::pair{"65", 2u}}) {
+    SCOPED_TRACE(std::string("2 -> 1, write_overhead_bytes=") + overhead);
+    const TransportOptions options = {{"write_overhead_bytes", overhead}};
+    EXPECT_EQ(staged_routes_of_one_auto_room(options, options, 2, 1), staged);
   }
 }
 
@@ -206,7 +218,7 @@ TEST(EngineCore, AutoStagesByWhatAWriteFromThatSourceCosts) {
   // another for writes from its sources (as a backend with a cheaper path
   // to some peers does): the per-source one counts.
   for (const auto& [capability, from_source, staged] :
-       {std::tuple{"64", "65", 2u}, std::tuple{"65", "64", 0u}}) {
+       {std::tuple{"32", "33", 2u}, std::tuple{"33", "32", 0u}}) {
     SCOPED_TRACE(std::string("capability ") + capability + ", from the source " + from_source);
     EXPECT_EQ(staged_routes_of_one_auto_room({{"write_overhead_bytes", capability}},
                                              {{"write_overhead_bytes", capability},

@@ -47,18 +47,24 @@ TEST(PlannerShape, NhdHalfRowsOneFragmentPerToken) {
   EXPECT_EQ(last.staging_offset + last.length, plan.bytes());
 }
 
-TEST(PlannerShape, StagingPaysWhenTheWritesItSavesCostMoreThanTwoCopies) {
-  // The NHD plan above: 80 fragments, 960 bytes. Staging adds 2 x 960 bytes
-  // of copies and saves 79 writes: it pays above 1920 / 79 = 24.3 bytes of
-  // overhead per write.
+TEST(PlannerShape, StagingPaysWhenTheWritesItSavesCostMoreThanTheDestinationsScatters) {
+  // The NHD plan above: 80 fragments, 960 bytes. Staging saves 79 writes and
+  // costs the destination a scatter of 960 bytes for each source it stages:
+  // with one source it pays above 960 / 79 = 12.2 bytes of overhead per
+  // write, with two above 1920 / 79 = 24.3, with four above 3840 / 79 = 48.6.
   Planner planner;
   const TransferPlan plan = nhd_half_rows(planner);
   ASSERT_EQ(plan.fragment_count(), 80u);
   ASSERT_EQ(plan.bytes(), 960u);
-  EXPECT_FALSE(staging_pays(plan, 0));
-  EXPECT_FALSE(staging_pays(plan, 24));                // 79 x 24 = 1896 < 1920
-  EXPECT_TRUE(staging_pays(plan, 25));                 // 79 x 25 = 1975 > 1920
-  EXPECT_TRUE(staging_pays(plan, uint64_t{1} << 62));  // no overflow
+  EXPECT_FALSE(staging_pays(plan, 0, 1));
+  EXPECT_FALSE(staging_pays(plan, 12, 1));                         // 79 x 12 = 948 < 960
+  EXPECT_TRUE(staging_pays(plan, 13, 1));                          // 79 x 13 = 1027 > 960
+  EXPECT_TRUE(staging_pays(plan, 13, 0));                          // no sources counts as one
+  EXPECT_FALSE(staging_pays(plan, 24, 2));                         // 79 x 24 = 1896 < 1920
+  EXPECT_TRUE(staging_pays(plan, 25, 2));                          // 79 x 25 = 1975 > 1920
+  EXPECT_FALSE(staging_pays(plan, 48, 4));                         // 79 x 48 = 3792 < 3840
+  EXPECT_TRUE(staging_pays(plan, 49, 4));                          // 79 x 49 = 3871 > 3840
+  EXPECT_TRUE(staging_pays(plan, uint64_t{1} << 62, UINT32_MAX));  // no overflow
 }
 
 TEST(PlannerShape, HndOneFragmentPerPage) {
