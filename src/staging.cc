@@ -16,9 +16,8 @@ bool staging_pays(const TransferPlan& plan, uint64_t write_overhead_bytes,
   const uint64_t fragments = plan.fragment_count();
   if (fragments <= 1 || write_overhead_bytes == 0) return false;
   // (fragments - 1) x overhead > sources x bytes, divided through so that
-  // no product can overflow: for whole numbers, n > floor(c / o) is
-  // n x o > c. The plan is at most 2^64 bytes / 2^32 sources apart from
-  // that: the product saturates rather than wraps.
+  // that product cannot overflow (for whole numbers, n > floor(c / o) is
+  // n x o > c); sources x bytes saturates rather than wraps.
   const uint64_t sources = std::max<uint32_t>(sources_scattered, 1);
   const uint64_t copied = plan.bytes() > UINT64_MAX / sources ? UINT64_MAX : plan.bytes() * sources;
   return fragments - 1 > copied / write_overhead_bytes;

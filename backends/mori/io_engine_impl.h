@@ -263,6 +263,12 @@ struct IoEngine::Impl {
     const uint64_t one = 1;
     if (wake_fd >= 0) (void)!::write(wake_fd, &one, sizeof one);
   }
+  // Progress thread: takes wake_fd's count (notify()s and peers' rings since
+  // the last take); true when there was any.
+  bool take_wakes() {
+    uint64_t count;
+    return ::read(wake_fd, &count, sizeof count) == static_cast<ssize_t>(sizeof count);
+  }
   // Progress thread, round_mu held; each takes mu only around shared state:
   bool post_queued();
   std::vector<Burst> take_queued();

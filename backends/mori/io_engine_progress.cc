@@ -66,9 +66,9 @@ void IoEngine::Impl::start_thread() {
   driver.sleep = [this](std::chrono::microseconds limit) { idle_wait(limit); };
   driver.wake = [this] { notify(); };
   driver.idle_tick = kIdleTick;
-  // Never faster after traffic as such: idle_wait polls without sleeping
+  // No hot phase after traffic as such: idle_wait polls without sleeping
   // only after traffic that came unannounced.
-  driver.hot_tick = kIdleTick;
+  driver.hot_window = std::chrono::microseconds(0);
   driver.stuck = [this] { return give_up_if_stuck(); };
   thread.start(std::move(driver));
 }
@@ -109,16 +109,13 @@ bool IoEngine::Impl::busy() {
 //
 // It polls again at once instead while peers' traffic keeps coming that
 // nothing announced: shm has no descriptor, and a peer that does not ring
-// our doorbell (peer_doorbell.h) is heard only by polling. Traffic that
-// rang, or woke a descriptor (tcp;ofi_rxm's), lets the thread sleep: a
-// thread that yields without end on a host with more threads than cores is
-// the last the scheduler picks (at 4 -> 1 on 2 cores, a notice waited
-// 1.2 ms p50 to be read so, against 0.2 ms asleep and rung;
-// docs/benchmarks.md).
+// our doorbell is heard only by polling. Traffic that rang, or woke a
+// descriptor (tcp;ofi_rxm's), lets the thread sleep (peer_doorbell.h says
+// why that is faster).
 void IoEngine::Impl::idle_wait(std::chrono::microseconds limit) {
   if (Clock::now() < spin_until) {
-    uint64_t count;  // what the next pass finds came unannounced, unless this reads a ring
-    woke_unannounced = ::read(wake_fd, &count, sizeof count) < 0;
+    // What the next pass finds came unannounced, unless a ring is here.
+    woke_unannounced = !take_wakes();
     std::this_thread::yield();
     return;
   }
@@ -141,8 +138,7 @@ void IoEngine::Impl::idle_wait(std::chrono::microseconds limit) {
   const timespec timeout{static_cast<time_t>(wait.count() / 1000000),
                          static_cast<long>(wait.count() % 1000000) * 1000};
   woke_unannounced = ::ppoll(fds.data(), fds.size(), &timeout, nullptr) == 0;
-  uint64_t count;
-  if (fds[0].revents & POLLIN) (void)!::read(wake_fd, &count, sizeof count);
+  if (fds[0].revents & POLLIN) take_wakes();
 }
 
 // One pass over the peers' queues: up to kPostBurst operations of each are
@@ -384,8 +380,9 @@ bool IoEngine::Impl::read_completions(size_t index, bool& arrived) {
       posted.erase(it);
     }
   }
-  arrived |= !got.landed.empty() || !got.messages.empty();
-  if (finished.empty() && got.landed.empty() && got.messages.empty()) return false;
+  const bool peers_spoke = !got.landed.empty() || !got.messages.empty();
+  arrived |= peers_spoke;
+  if (finished.empty() && !peers_spoke) return false;
   const auto now = Clock::now();
   std::lock_guard lock(mu);
   if (config.keep_inbound) inbound.insert(got.landed.begin(), got.landed.end());

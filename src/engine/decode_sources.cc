@@ -101,13 +101,12 @@ Result<bool> DecodeSide::reserve_staging(const DecodeRoom& room, Source& source)
   // more than gathering them there and scattering them here, with those of
   // the room's other sources that send KV (the transport says what a write
   // from this source costs).
-  const auto kv_sources = std::count_if(room.sources.begin(), room.sources.end(),
-                                        [](const auto& s) { return bool(s.second.link.kv); });
-  if (!must && config.staging == Staging::kAuto &&
-      !staging_pays(*plan,
-                    ctx_.transport.write_overhead_bytes_from(source.rank.transport_descriptor()),
-                    static_cast<uint32_t>(kv_sources))) {
-    return true;
+  if (!must && config.staging == Staging::kAuto) {
+    const auto kv_sources = std::count_if(room.sources.begin(), room.sources.end(),
+                                          [](const auto& s) { return bool(s.second.link.kv); });
+    const uint64_t overhead =
+        ctx_.transport.write_overhead_bytes_from(source.rank.transport_descriptor());
+    if (!staging_pays(*plan, overhead, static_cast<uint32_t>(kv_sources))) return true;
   }
   // Both pools must hold the block: ours receives it, the source gathers it.
   const bool fits =
