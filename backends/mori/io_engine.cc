@@ -337,13 +337,23 @@ Result<IoEngine::Session> IoEngine::create_session(const MemoryDesc& local,
 Status IoEngine::Session::batch_write(std::span<const uint64_t> local_offsets,
                                       std::span<const uint64_t> remote_offsets,
                                       std::span<const uint64_t> sizes, TransferId id) {
-  return engine_->impl_->submit(false, local_offsets, remote_offsets, sizes, id, local_, remote_);
+  const Piece piece{&local_, &remote_, local_offsets, remote_offsets, sizes};
+  return engine_->impl_->submit(false, {&piece, 1}, id);
 }
 
 Status IoEngine::Session::batch_read(std::span<const uint64_t> local_offsets,
                                      std::span<const uint64_t> remote_offsets,
                                      std::span<const uint64_t> sizes, TransferId id) {
-  return engine_->impl_->submit(true, local_offsets, remote_offsets, sizes, id, local_, remote_);
+  const Piece piece{&local_, &remote_, local_offsets, remote_offsets, sizes};
+  return engine_->impl_->submit(true, {&piece, 1}, id);
+}
+
+Status IoEngine::batch_write(std::span<const Piece> pieces, TransferId id) {
+  return impl_->submit(false, pieces, id);
+}
+
+Status IoEngine::batch_read(std::span<const Piece> pieces, TransferId id) {
+  return impl_->submit(true, pieces, id);
 }
 
 std::string message_header(uint64_t inbox_key, MessageKind kind) {
@@ -389,74 +399,113 @@ void IoEngine::Impl::add_signal(Transfer& t, std::vector<std::unique_ptr<Op>>& o
   }
 }
 
-Status IoEngine::Impl::submit(bool read, std::span<const uint64_t> local_offsets,
-                              std::span<const uint64_t> remote_offsets,
-                              std::span<const uint64_t> sizes, TransferId id,
-                              const MemoryDesc& local, const MemoryDesc& remote) {
-  if (local_offsets.size() != sizes.size() || remote_offsets.size() != sizes.size()) {
-    return Status::invalid_argument(
-        fmt::format("transfer {:#x}: {} local offsets, {} remote offsets, {} sizes", id,
-                    local_offsets.size(), remote_offsets.size(), sizes.size()));
+Status IoEngine::Impl::check_pieces(TransferId id, std::span<const Piece> pieces) {
+  if (pieces.empty()) {
+    return Status::invalid_argument(fmt::format("transfer {:#x}: no buffers", id));
   }
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (local_offsets[i] > local.length || sizes[i] > local.length - local_offsets[i] ||
-        remote_offsets[i] > remote.length || sizes[i] > remote.length - remote_offsets[i]) {
-      return Status::out_of_range(fmt::format(
-          "transfer {:#x} op {}: {} bytes at local {} / remote {} leave the buffers ({} / {})", id,
-          i, sizes[i], local_offsets[i], remote_offsets[i], local.length, remote.length));
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const Piece& piece = pieces[k];
+    if (piece.local == nullptr || piece.remote == nullptr) {
+      return Status::invalid_argument(fmt::format("transfer {:#x} piece {}: no buffer", id, k));
+    }
+    const MemoryDesc& local = *piece.local;
+    const MemoryDesc& remote = *piece.remote;
+    if (piece.local_offsets.size() != piece.sizes.size() ||
+        piece.remote_offsets.size() != piece.sizes.size()) {
+      return Status::invalid_argument(fmt::format(
+          "transfer {:#x} piece {}: {} local offsets, {} remote offsets, {} sizes", id, k,
+          piece.local_offsets.size(), piece.remote_offsets.size(), piece.sizes.size()));
+    }
+    if (k > 0 && remote.engine_key != pieces[0].remote->engine_key) {
+      return Status::invalid_argument(
+          fmt::format("transfer {:#x} piece {}: engine '{}', where piece 0 names '{}'", id, k,
+                      remote.engine_key, pieces[0].remote->engine_key));
+    }
+    for (size_t i = 0; i < piece.sizes.size(); ++i) {
+      const uint64_t size = piece.sizes[i], at = piece.local_offsets[i],
+                     to = piece.remote_offsets[i];
+      if (at > local.length || size > local.length - at || to > remote.length ||
+          size > remote.length - to) {
+        return Status::out_of_range(fmt::format(
+            "transfer {:#x} piece {} op {}: {} bytes at local {} / remote {} leave the buffers "
+            "({} / {})",
+            id, k, i, size, at, to, local.length, remote.length));
+      }
     }
   }
+  return Status::ok();
+}
+
+Status IoEngine::Impl::add_ops(const Piece& piece, const Peer& peer, bool read, TransferId id,
+                               std::vector<std::unique_ptr<Op>>& ops) {
+  const MemoryDesc& local = *piece.local;
+  const MemoryDesc& remote = *piece.remote;
+  if (local.engine_key != desc.key || local.id >= registered.size()) {
+    return Status::invalid_argument(
+        fmt::format("memory {} of engine '{}' is not registered here", local.id, local.engine_key));
+  }
+  const size_t ep = peer.endpoint;
+  const Endpoint& e = *endpoints[ep];
+  // The remote key of the provider this peer is reached by.
+  size_t theirs = 0;
+  for (size_t j = 0; j < peer.desc.endpoints.size(); ++j) {
+    if (peer.desc.endpoints[j].provider == e.provider) theirs = j;
+  }
+  if (theirs >= remote.keys.size()) {
+    return Status::invalid_argument(fmt::format("memory {} of engine '{}' has no {} key", remote.id,
+                                                remote.engine_key, e.provider));
+  }
+  const uint64_t remote_base = e.virt_addr ? remote.base : 0;
+  void* const local_desc = fi_mr_desc(registered[local.id].mrs[ep]);
+  for (size_t i = 0; i < piece.sizes.size(); ++i) {
+    if (piece.sizes[i] == 0) continue;
+    auto op = std::make_unique<Op>();
+    op->transfer = id;
+    op->read = read;
+    op->local = reinterpret_cast<char*>(local.base) + piece.local_offsets[i];
+    op->local_desc = local_desc;
+    op->length = piece.sizes[i];
+    op->remote_addr = remote_base + piece.remote_offsets[i];
+    op->key = remote.keys[theirs];
+    ops.push_back(std::move(op));
+  }
+  return Status::ok();
+}
+
+Status IoEngine::Impl::submit(bool read, std::span<const Piece> pieces, TransferId id) {
+  PDKV_RETURN_IF_ERROR(check_pieces(id, pieces));
+  const std::string& key = pieces[0].remote->engine_key;
   {
     std::lock_guard lock(mu);
-    auto p = peers.find(remote.engine_key);
+    auto p = peers.find(key);
     if (lost) {
       return Status::unavailable("mori: this engine's progress thread was given up (see its log)");
     }
     if (p == peers.end()) {
-      if (auto failure = failures.failure(remote.engine_key)) return *failure;
-      return Status::not_found(fmt::format("no mori engine '{}' registered", remote.engine_key));
+      if (auto failure = failures.failure(key)) return *failure;
+      return Status::not_found(fmt::format("no mori engine '{}' registered", key));
     }
     if (transfers.count(id)) {
       return Status::already_exists(fmt::format("transfer {:#x} is already in use", id));
     }
+    std::vector<std::unique_ptr<Op>> ops;
+    for (const Piece& piece : pieces) {
+      PDKV_RETURN_IF_ERROR(add_ops(piece, p->second, read, id, ops));
+    }
     const size_t ep = p->second.endpoint;
-    Endpoint& e = *endpoints[ep];
-    const Registered& reg = registered.at(local.id);
-    // The remote key of the provider this peer is reached by.
-    size_t theirs = 0;
-    for (size_t j = 0; j < p->second.desc.endpoints.size(); ++j) {
-      if (p->second.desc.endpoints[j].provider == e.provider) theirs = j;
-    }
-    if (theirs >= remote.keys.size()) {
-      return Status::invalid_argument(fmt::format("memory {} of engine '{}' has no {} key",
-                                                  remote.id, remote.engine_key, e.provider));
-    }
+    const Endpoint& e = *endpoints[ep];
+    // Where the peer's endpoint keeps writes in order, the signal may follow
+    // the others at once; else it waits for their completions.
+    const bool ordered = !read && std::all_of(ops.begin(), ops.end(), [&](const auto& op) {
+      return op->length <= e.ordered_write_bytes;
+    });
+    for (auto& op : ops) op->ordered = ordered;
     Transfer& t = transfers[id];
     t.id = id;
-    t.peer = remote.engine_key;
+    t.peer = key;
     t.endpoint = ep;
     t.addr = p->second.addr;
     t.deadline = Clock::now() + config.transfer_timeout;
-    const uint64_t remote_base = e.virt_addr ? remote.base : 0;
-    // Where the peer's endpoint keeps writes in order, the signal may follow
-    // the others at once; else it waits for their completions.
-    const bool ordered = !read && std::all_of(sizes.begin(), sizes.end(), [&](uint64_t size) {
-      return size <= e.ordered_write_bytes;
-    });
-    std::vector<std::unique_ptr<Op>> ops;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      if (sizes[i] == 0) continue;
-      auto op = std::make_unique<Op>();
-      op->transfer = id;
-      op->read = read;
-      op->local = reinterpret_cast<char*>(local.base) + local_offsets[i];
-      op->local_desc = fi_mr_desc(reg.mrs[ep]);
-      op->length = sizes[i];
-      op->remote_addr = remote_base + remote_offsets[i];
-      op->key = remote.keys[theirs];
-      op->ordered = ordered;
-      ops.push_back(std::move(op));
-    }
     if (ops.empty()) {
       t.status.state = TransferState::kSuccess;
       batch_ends.mark();  // announced by the progress thread, woken below

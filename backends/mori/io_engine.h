@@ -184,6 +184,20 @@ class IoEngine {
   };
   Result<Session> create_session(const MemoryDesc& local, const MemoryDesc& remote);
 
+  // The operations of one transfer between one local and one remote buffer.
+  struct Piece {
+    const MemoryDesc* local = nullptr;
+    const MemoryDesc* remote = nullptr;
+    std::span<const uint64_t> local_offsets, remote_offsets, sizes;
+  };
+  // One transfer over several buffer pairs of one peer, checked as
+  // create_session and a Session's calls check theirs: one id, one status,
+  // and one signal after all its bytes, where sessions make a transfer per
+  // pair, each with its own bookkeeping at both ends (a KV write touches two
+  // buffers per layer).
+  Status batch_write(std::span<const Piece> pieces, TransferId id);
+  Status batch_read(std::span<const Piece> pieces, TransferId id);
+
   // The status of a transfer this engine started; a finished one is
   // forgotten after it is reported once. A failed one is reported once it is
   // over: none of its operations is left with the provider (cancelled, or

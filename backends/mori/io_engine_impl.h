@@ -310,9 +310,11 @@ struct IoEngine::Impl {
   static std::unique_ptr<Op> signal_after(const Op& last);
   static void add_signal(Transfer& t, std::vector<std::unique_ptr<Op>>& ops, bool signal_apart,
                          bool ordered);
-  Status submit(bool read, std::span<const uint64_t> local_offsets,
-                std::span<const uint64_t> remote_offsets, std::span<const uint64_t> sizes,
-                TransferId id, const MemoryDesc& local, const MemoryDesc& remote);
+  static Status check_pieces(TransferId id, std::span<const Piece> pieces);
+  // mu held: the piece's buffers are ours and the peer's, and its operations.
+  Status add_ops(const Piece& piece, const Peer& peer, bool read, TransferId id,
+                 std::vector<std::unique_ptr<Op>>& ops);
+  Status submit(bool read, std::span<const Piece> pieces, TransferId id);
 };
 
 }  // namespace pdkv::backends::mori

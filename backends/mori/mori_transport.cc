@@ -1,7 +1,7 @@
 // The `mori` backend: pdkv's Transport interface over the mori IO engine
 // (io_engine.h). A region is a registered memory descriptor; a peer is a
 // registered remote engine with its memory descriptors; a batch is one
-// transfer per (local region, remote region) pair it touches.
+// transfer, a piece per (local region, remote region) pair it touches.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -27,14 +27,12 @@ constexpr std::string_view kOptions =
 // about 10 us on shm and tcp at 512-byte fragments, 7 (shm) to 20 us (tcp)
 // at page-sized ones, where staging measured faster than direct writes at
 // 1 -> 1; copied into a same-host peer's mapped pool, the bookkeeping of one
-// operation (docs/benchmarks.md). That one is a compromise: where a decode
-// rank has two or four sources, direct writes won at 1 k tokens (4 -> 1:
-// off 2.3-2.7 against on 0.9-1.2 GB/s) and staging won at one page (4 -> 1:
-// 1.1-1.9 against 2.4-2.6 ms p50), because a transfer (one per region pair)
-// costs far more than a fragment, and staging_pays() counts fragments only.
-// 8 KiB keeps staging there, as before the scatters were counted.
+// operation: with a batch one transfer, direct writes won at one page where
+// staging_pays() says so with 1 KiB (4 -> 1, 2 -> 1; 1.11-1.20 against
+// 1.19-1.37 ms p50) and lost where it says stage (1 -> 4, 2 -> 4), and
+// 1 KiB chose right in 9 of 10 cells at 1 k tokens (docs/benchmarks.md).
 constexpr uint64_t kProviderWriteOverhead = 131072;
-constexpr uint64_t kCopiedWriteOverhead = 8192;
+constexpr uint64_t kCopiedWriteOverhead = 1024;
 
 }  // namespace
 
@@ -172,36 +170,23 @@ class MoriTransport final : public Transport {
     return submit(peer, ops, true, std::nullopt);
   }
 
-  // A batch fails once one of its transfers failed and the others have
-  // ended too (they are cancelled as soon as one has failed, while it still
-  // drains): kFailed means none of its bytes moves any more. Meanwhile it
-  // is in progress with its error: its notification is dropped already.
+  // A batch is one transfer (none for a notification alone). One that
+  // failed is in progress with its error while it drains (its notification
+  // is dropped already), and kFailed once none of its bytes moves any more.
   BatchStatus poll(BatchId batch_id) override {
     std::lock_guard lock(mu_);
     auto b = batches_.find(batch_id);
     if (b == batches_.end()) {
       return {BatchState::kFailed, Status::not_found(fmt::format("no mori batch {}", batch_id))};
     }
-    Batch& batch = b->second;
-    for (auto it = batch.open.begin(); it != batch.open.end();) {
-      const TransferStatus st = engine_->transfer_status(*it);
-      if ((st.state == TransferState::kFailed || st.draining) && batch.error.is_ok()) {
-        batch.error = st.error;
-        for (TransferId other : batch.open) {
-          if (other != *it) engine_->cancel_transfer(other, st.error);
-        }
-      }
-      if (st.state == TransferState::kInProgress) {
-        ++it;
-        continue;
-      }
-      it = batch.open.erase(it);
+    const TransferStatus st = b->second ? engine_->transfer_status(*b->second)
+                                        : TransferStatus{TransferState::kSuccess, {}, false};
+    if (st.state == TransferState::kInProgress) {
+      return {BatchState::kInProgress, st.draining ? st.error : Status::ok()};
     }
-    if (!batch.open.empty()) return {BatchState::kInProgress, batch.error};
-    BatchStatus end = batch.error.is_ok() ? BatchStatus{BatchState::kDone, {}}
-                                          : BatchStatus{BatchState::kFailed, batch.error};
     batches_.erase(b);
-    return end;
+    return st.state == TransferState::kSuccess ? BatchStatus{BatchState::kDone, {}}
+                                               : BatchStatus{BatchState::kFailed, st.error};
   }
 
   // Every connection from the source's address goes (its connections are
@@ -248,10 +233,6 @@ class MoriTransport final : public Transport {
     EngineDesc engine;
     std::vector<MemoryDesc> memory;
   };
-  struct Batch {
-    std::vector<TransferId> open;
-    Status error;
-  };
 
   // `notification`: sent once every transfer of the batch succeeded.
   Result<BatchId> submit(PeerId peer_id, std::span<const WriteOp> ops, bool read,
@@ -265,7 +246,8 @@ class MoriTransport final : public Transport {
     std::vector<uint64_t> local_lengths, remote_lengths;
     for (const auto& r : regions_) local_lengths.push_back(r.length);
     for (const auto& r : p->second.memory) remote_lengths.push_back(r.length);
-    // One transfer per (local region, remote region), ops in their order.
+    // One transfer for the whole batch, a piece per (local region, remote
+    // region), ops in their order.
     struct Group {
       std::vector<uint64_t> local, remote, sizes;
     };
@@ -278,39 +260,38 @@ class MoriTransport final : public Transport {
       g.remote.push_back(op.remote_offset);
       g.sizes.push_back(op.length);
     }
+    std::vector<IoEngine::Piece> pieces;
+    for (const auto& [regions, g] : groups) {
+      pieces.push_back({&regions_[regions.first], &p->second.memory[regions.second], g.local,
+                        g.remote, g.sizes});
+    }
     forget_orphans();
-    Batch batch;
-    // The transfers already started are cancelled and forgotten when one is
-    // refused: the caller never got a batch to poll.
-    const auto refused = [&](const Status& st) {
-      for (TransferId started : batch.open) {
-        engine_->cancel_transfer(started, st);
-        orphans_.push_back(started);
-      }
-      return st;
-    };
-    for (auto& [regions, g] : groups) {
-      auto session =
-          engine_->create_session(regions_[regions.first], p->second.memory[regions.second]);
-      if (!session.is_ok()) return refused(session.status());
-      const TransferId id = engine_->allocate_transfer_id();
-      const Status st = read ? session->batch_read(g.local, g.remote, g.sizes, id)
-                             : session->batch_write(g.local, g.remote, g.sizes, id);
-      if (!st.is_ok()) return refused(st);
-      batch.open.push_back(id);
+    std::optional<TransferId> transfer;
+    if (!pieces.empty()) {
+      transfer = engine_->allocate_transfer_id();
+      PDKV_RETURN_IF_ERROR(read ? engine_->batch_read(pieces, *transfer)
+                                : engine_->batch_write(pieces, *transfer));
     }
     if (notification) {
+      const auto after =
+          transfer ? std::span<const TransferId>(&*transfer, 1) : std::span<const TransferId>();
       const Status st =
-          engine_->send_after(p->second.engine.key, batch.open, std::string(*notification));
-      if (!st.is_ok()) return refused(st);
+          engine_->send_after(p->second.engine.key, after, std::string(*notification));
+      if (!st.is_ok() && transfer) {
+        // The caller never got a batch to poll: the transfer is cancelled,
+        // and asked for again until over, so that the engine forgets it.
+        engine_->cancel_transfer(*transfer, st);
+        orphans_.push_back(*transfer);
+      }
+      PDKV_RETURN_IF_ERROR(st);
     }
     const BatchId id = next_batch_++;
-    batches_.emplace(id, std::move(batch));
+    batches_.emplace(id, transfer);
     return id;
   }
 
-  // Transfers of a batch that was refused halfway: asked for again until
-  // over, so that the engine forgets them (mu_ held).
+  // Transfers of batches refused once started: asked for again until over,
+  // so that the engine forgets them (mu_ held).
   void forget_orphans() {
     std::erase_if(orphans_, [this](TransferId id) {
       return engine_->transfer_status(id).state != TransferState::kInProgress;
@@ -321,8 +302,8 @@ class MoriTransport final : public Transport {
   mutable std::mutex mu_;
   std::vector<MemoryDesc> regions_;
   std::map<PeerId, Peer> peers_;
-  std::map<std::string, std::set<PeerId>> by_engine_;  // engine key -> its peers
-  std::map<BatchId, Batch> batches_;
+  std::map<std::string, std::set<PeerId>> by_engine_;     // engine key -> its peers
+  std::map<BatchId, std::optional<TransferId>> batches_;  // its transfer, if any
   std::vector<TransferId> orphans_;
   PeerFailureCallback on_failure_;
   PeerId next_peer_ = 1;

@@ -242,6 +242,82 @@ TEST_P(MoriEngine, AMessageWithoutTheInboxKeyIsDropped) {
   EXPECT_EQ(got, std::vector<std::string>{"genuine"});
 }
 
+// One transfer over two buffer pairs (a KV batch touches a K and a V
+// buffer per layer): the target is told once that it landed, and by then
+// every byte of both pairs is there. A piece out of its buffers, or naming
+// another engine or a buffer not registered here, refuses the whole
+// transfer: it never exists, so nothing of it is posted.
+TEST_P(MoriEngine, ATransferOverTwoBufferPairsLandsWholeOrIsRefusedWhole) {
+  constexpr size_t kBytes = 1 << 18, kWrites = 64, kSize = 512;
+  std::vector<char> src_a(kBytes), src_b(kBytes), dst_a(kBytes, 0), dst_b(kBytes, 0);
+  for (size_t i = 0; i < kBytes; ++i) {
+    src_a[i] = static_cast<char>(i * 7 + 1);
+    src_b[i] = static_cast<char>(i * 5 + 3);
+  }
+  auto initiator = IoEngine::create(config("initiator", GetParam())).value();
+  auto target = IoEngine::create(config("target", GetParam())).value();
+  const MemoryDesc a = initiator->register_memory(src_a.data(), kBytes).value();
+  const MemoryDesc b = initiator->register_memory(src_b.data(), kBytes).value();
+  const MemoryDesc to_a = target->register_memory(dst_a.data(), kBytes).value();
+  const MemoryDesc to_b = target->register_memory(dst_b.data(), kBytes).value();
+  target->release_to_peers();
+  ASSERT_TRUE(initiator->register_remote_engine(target->desc()).is_ok());
+  ASSERT_TRUE(target->register_remote_engine(initiator->desc()).is_ok());
+  // a -> to_b and b -> to_a, crossed, every other slot, last write first.
+  std::vector<uint64_t> at, to, sizes;
+  for (size_t i = kWrites; i-- > 0;) {
+    at.push_back(i * kSize);
+    to.push_back(2 * i * kSize);
+    sizes.push_back(kSize);
+  }
+  const std::vector<IoEngine::Piece> crossed = {{&a, &to_b, at, to, sizes},
+                                                {&b, &to_a, at, to, sizes}};
+  const TransferId id = initiator->allocate_transfer_id();
+  ASSERT_TRUE(initiator->batch_write(crossed, id).is_ok());
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return target->pop_inbound_transfer_status("initiator", id); }, 10s));
+  target->acquire_inbound_writes();
+  size_t wrong = 0;
+  for (size_t i = 0; i < kWrites; ++i) {
+    wrong += std::memcmp(dst_b.data() + 2 * i * kSize, src_a.data() + i * kSize, kSize) != 0;
+    wrong += std::memcmp(dst_a.data() + 2 * i * kSize, src_b.data() + i * kSize, kSize) != 0;
+  }
+  EXPECT_EQ(wrong, 0u) << "writes missing when the target was told the transfer landed";
+  EXPECT_EQ(dst_a[kSize], 0);  // the slots between: nothing else written
+  EXPECT_EQ(wait(*initiator, id).state, TransferState::kSuccess);
+
+  const std::vector<uint64_t> far = {kBytes - 10}, zero = {0}, eleven = {11};
+  MemoryDesc strangers = to_a;
+  strangers.engine_key = "someone else";
+  MemoryDesc not_ours = b;
+  not_ours.id = 99;
+  struct Refused {
+    std::vector<IoEngine::Piece> pieces;
+    StatusCode code;
+    std::string names;
+  };
+  const std::vector<Refused> refused = {
+      {{{&a, &to_b, at, to, sizes}, {&b, &to_a, far, zero, eleven}},
+       StatusCode::kOutOfRange,
+       "piece 1 op 0: 11 bytes at local 262134"},
+      {{{&a, &to_b, at, to, sizes}, {&b, &strangers, at, to, sizes}},
+       StatusCode::kInvalidArgument,
+       "engine 'someone else', where piece 0 names 'target'"},
+      {{{&a, &to_b, at, to, sizes}, {&not_ours, &to_a, at, to, sizes}},
+       StatusCode::kInvalidArgument,
+       "memory 99 of engine 'initiator' is not registered here"},
+      {{}, StatusCode::kInvalidArgument, "no buffers"},
+  };
+  for (const Refused& r : refused) {
+    const TransferId never = initiator->allocate_transfer_id();
+    const Status st = initiator->batch_write(r.pieces, never);
+    EXPECT_EQ(st.code(), r.code) << st.to_string();
+    EXPECT_NE(st.message().find(r.names), std::string::npos) << st.message();
+    EXPECT_EQ(initiator->transfer_status(never).error.code(), StatusCode::kNotFound)
+        << r.names << ": the refused transfer exists";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, MoriEngine, ::testing::Values("shm", "tcp;ofi_rxm"),
                          [](const auto& info) {
                            return info.param == "shm" ? std::string("shm") : std::string("tcp");
