@@ -444,6 +444,13 @@ Status IoEngine::Impl::add_ops(const Piece& piece, const Peer& peer, bool read, 
     return Status::invalid_argument(
         fmt::format("memory {} of engine '{}' is not registered here", local.id, local.engine_key));
   }
+  // The bounds were checked against the caller's copy of the descriptor.
+  const MemoryDesc& ours = registered[local.id].desc;
+  if (local.base != ours.base || local.length > ours.length) {
+    return Status::invalid_argument(
+        fmt::format("memory {} of engine '{}' is not registered here as {} bytes at {:#x}",
+                    local.id, local.engine_key, local.length, local.base));
+  }
   const size_t ep = peer.endpoint;
   const Endpoint& e = *endpoints[ep];
   // The remote key of the provider this peer is reached by.

@@ -136,7 +136,7 @@ struct TransferStatus {
   TransferState state = TransferState::kInProgress;
   Status error;
   // kInProgress, yet failed: it waits for what the provider still holds
-  // (error says why it failed). Its batch's other transfers can go now.
+  // (error says why it failed), which its caller may hear of now.
   bool draining = false;
 };
 
@@ -204,8 +204,9 @@ class IoEngine {
   // returned), or its drain ran out (kDrainQuiet, kDrainCap:
   // io_engine_progress.cc). Until then it is kInProgress with `draining` set.
   TransferStatus transfer_status(TransferId id);
-  // Fails transfer `id` (one of a batch that failed elsewhere); its
-  // operations are cancelled or drained as for any failed transfer.
+  // Fails transfer `id` (one whose caller gave it up: the message that was
+  // to follow it was refused); its operations are cancelled or drained as
+  // for any failed transfer.
   void cancel_transfer(TransferId id, const Status& reason);
   // Target side: whether transfer `id` from engine `remote_key` has landed
   // (every byte visible here); consumes it when it has. Always false with

@@ -526,7 +526,7 @@ void IoEngine::Impl::queue_landed(const std::string& peer, TransferId id) {
 void IoEngine::Impl::fail_transfer(Transfer& t, const Status& reason) {
   if (t.status.state != TransferState::kInProgress) return;
   t.status = {TransferState::kFailed, reason};
-  batch_ends.mark();  // its batch's other transfers are cancelled when it is polled
+  batch_ends.mark();  // its failure is heard of at once, while it drains
   t.held_signal.reset();
   release_messages(t.id, /*succeeded=*/false);
   t.drain = DrainDeadline(Clock::now(), kDrainQuiet, kDrainCap);

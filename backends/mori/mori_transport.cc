@@ -29,8 +29,9 @@ constexpr std::string_view kOptions =
 // 1 -> 1; copied into a same-host peer's mapped pool, the bookkeeping of one
 // operation: with a batch one transfer, direct writes won at one page where
 // staging_pays() says so with 1 KiB (4 -> 1, 2 -> 1; 1.11-1.20 against
-// 1.19-1.37 ms p50) and lost where it says stage (1 -> 4, 2 -> 4), and
-// 1 KiB chose right in 9 of 10 cells at 1 k tokens (docs/benchmarks.md).
+// 1.19-1.37 ms p50) and lost where it says stage (1 -> 4, 2 -> 4); at 1 k
+// tokens 1 KiB chose right at 4 of 5 heterogeneous pairs, not at 2 -> 4,
+// where one page prefers staging and 1 k does not (docs/benchmarks.md).
 constexpr uint64_t kProviderWriteOverhead = 131072;
 constexpr uint64_t kCopiedWriteOverhead = 1024;
 
@@ -105,7 +106,7 @@ class MoriTransport final : public Transport {
     caps.reads = true;
     caps.fences_inbound = engine_->can_fence();
     caps.batch_end_events = true;
-    // A batch's notification is a message sent once its transfers have
+    // A batch's notification is a message sent once its transfer has
     // succeeded (IoEngine::send_after).
     caps.notifications = engine_->can_message();
     caps.write_overhead_bytes = kProviderWriteOverhead;
@@ -203,8 +204,8 @@ class MoriTransport final : public Transport {
   void acquire_remote_writes() override { engine_->acquire_inbound_writes(); }
   void release_to_peers() override { engine_->release_to_peers(); }
 
-  // A batch ends when its last transfer does: each transfer that ends is
-  // announced, and the caller's poll tells the rest.
+  // A batch ends when its transfer does: each transfer that ends is
+  // announced, and the caller's poll tells which.
   void set_batch_end_callback(EventCallback callback) override {
     engine_->set_batch_end_callback(std::move(callback));
   }
@@ -234,7 +235,7 @@ class MoriTransport final : public Transport {
     std::vector<MemoryDesc> memory;
   };
 
-  // `notification`: sent once every transfer of the batch succeeded.
+  // `notification`: sent once the batch's transfer succeeded.
   Result<BatchId> submit(PeerId peer_id, std::span<const WriteOp> ops, bool read,
                          std::optional<std::string_view> notification) {
     std::lock_guard lock(mu_);

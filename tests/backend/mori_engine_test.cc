@@ -1,6 +1,7 @@
 // The mori IO engine's own API (io_engine.h): inbound transfer status on the
 // target, provider choice, a dead peer failing in time, and descriptors that
 // cannot be trusted. Byte checks use patterns computed here.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -246,7 +247,8 @@ TEST_P(MoriEngine, AMessageWithoutTheInboxKeyIsDropped) {
 // buffer per layer): the target is told once that it landed, and by then
 // every byte of both pairs is there. A piece out of its buffers, or naming
 // another engine or a buffer not registered here, refuses the whole
-// transfer: it never exists, so nothing of it is posted.
+// transfer: it never exists, and nothing of it lands, not even once a later
+// transfer to the same peer (posted after it, in order) has.
 TEST_P(MoriEngine, ATransferOverTwoBufferPairsLandsWholeOrIsRefusedWhole) {
   constexpr size_t kBytes = 1 << 18, kWrites = 64, kSize = 512;
   std::vector<char> src_a(kBytes), src_b(kBytes), dst_a(kBytes, 0), dst_b(kBytes, 0);
@@ -263,13 +265,24 @@ TEST_P(MoriEngine, ATransferOverTwoBufferPairsLandsWholeOrIsRefusedWhole) {
   target->release_to_peers();
   ASSERT_TRUE(initiator->register_remote_engine(target->desc()).is_ok());
   ASSERT_TRUE(target->register_remote_engine(initiator->desc()).is_ok());
-  // a -> to_b and b -> to_a, crossed, every other slot, last write first.
-  std::vector<uint64_t> at, to, sizes;
+  // a -> to_b and b -> to_a, crossed, every other slot, last write first;
+  // the refused transfers aim at the slots between.
+  std::vector<uint64_t> at, to, between, sizes;
   for (size_t i = kWrites; i-- > 0;) {
     at.push_back(i * kSize);
     to.push_back(2 * i * kSize);
+    between.push_back(2 * i * kSize + kSize);
     sizes.push_back(kSize);
   }
+  const auto between_untouched = [&] {
+    const std::vector<char> zeros(kSize, 0);
+    size_t written = 0;
+    for (uint64_t slot : between) {
+      written += std::memcmp(dst_a.data() + slot, zeros.data(), kSize) != 0;
+      written += std::memcmp(dst_b.data() + slot, zeros.data(), kSize) != 0;
+    }
+    return written == 0;
+  };
   const std::vector<IoEngine::Piece> crossed = {{&a, &to_b, at, to, sizes},
                                                 {&b, &to_a, at, to, sizes}};
   const TransferId id = initiator->allocate_transfer_id();
@@ -283,7 +296,7 @@ TEST_P(MoriEngine, ATransferOverTwoBufferPairsLandsWholeOrIsRefusedWhole) {
     wrong += std::memcmp(dst_a.data() + 2 * i * kSize, src_b.data() + i * kSize, kSize) != 0;
   }
   EXPECT_EQ(wrong, 0u) << "writes missing when the target was told the transfer landed";
-  EXPECT_EQ(dst_a[kSize], 0);  // the slots between: nothing else written
+  EXPECT_TRUE(between_untouched()) << "the transfer wrote outside its slots";
   EXPECT_EQ(wait(*initiator, id).state, TransferState::kSuccess);
 
   const std::vector<uint64_t> far = {kBytes - 10}, zero = {0}, eleven = {11};
@@ -291,21 +304,27 @@ TEST_P(MoriEngine, ATransferOverTwoBufferPairsLandsWholeOrIsRefusedWhole) {
   strangers.engine_key = "someone else";
   MemoryDesc not_ours = b;
   not_ours.id = 99;
+  MemoryDesc moved = b;  // the registered buffer's id, another place
+  moved.base += kBytes;
   struct Refused {
     std::vector<IoEngine::Piece> pieces;
     StatusCode code;
     std::string names;
   };
   const std::vector<Refused> refused = {
-      {{{&a, &to_b, at, to, sizes}, {&b, &to_a, far, zero, eleven}},
+      {{{&a, &to_b, at, between, sizes}, {&b, &to_a, far, zero, eleven}},
        StatusCode::kOutOfRange,
        "piece 1 op 0: 11 bytes at local 262134"},
-      {{{&a, &to_b, at, to, sizes}, {&b, &strangers, at, to, sizes}},
+      {{{&a, &to_b, at, between, sizes}, {&b, &strangers, at, between, sizes}},
        StatusCode::kInvalidArgument,
        "engine 'someone else', where piece 0 names 'target'"},
-      {{{&a, &to_b, at, to, sizes}, {&not_ours, &to_a, at, to, sizes}},
+      {{{&a, &to_b, at, between, sizes}, {&not_ours, &to_a, at, between, sizes}},
        StatusCode::kInvalidArgument,
        "memory 99 of engine 'initiator' is not registered here"},
+      {{{&a, &to_b, at, between, sizes}, {&moved, &to_a, at, between, sizes}},
+       StatusCode::kInvalidArgument,
+       fmt::format("memory 1 of engine 'initiator' is not registered here as {} bytes at {:#x}",
+                   kBytes, moved.base)},
       {{}, StatusCode::kInvalidArgument, "no buffers"},
   };
   for (const Refused& r : refused) {
@@ -316,6 +335,15 @@ TEST_P(MoriEngine, ATransferOverTwoBufferPairsLandsWholeOrIsRefusedWhole) {
     EXPECT_EQ(initiator->transfer_status(never).error.code(), StatusCode::kNotFound)
         << r.names << ": the refused transfer exists";
   }
+  const std::vector<uint64_t> last = {kBytes - kSize}, one_slot = {kSize};
+  const std::vector<IoEngine::Piece> later = {{&a, &to_a, zero, last, one_slot}};
+  const TransferId after = initiator->allocate_transfer_id();
+  ASSERT_TRUE(initiator->batch_write(later, after).is_ok());
+  ASSERT_TRUE(testing::poll_until(
+      [&] { return target->pop_inbound_transfer_status("initiator", after); }, 10s));
+  target->acquire_inbound_writes();
+  EXPECT_EQ(std::memcmp(dst_a.data() + kBytes - kSize, src_a.data(), kSize), 0);
+  EXPECT_TRUE(between_untouched()) << "a refused transfer wrote";
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, MoriEngine, ::testing::Values("shm", "tcp;ofi_rxm"),
