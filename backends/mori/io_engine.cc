@@ -637,14 +637,55 @@ uint64_t IoEngine::copied_bytes() const { return impl_->copied_bytes.load(); }
 
 uint64_t IoEngine::rung_doorbells() const { return impl_->rung_doorbells.load(); }
 
+namespace {
+
+// Any thread, no lock held: whether this process may take a file from the
+// process of `remote` (reached over shm at `address`): it takes the first
+// one the descriptor names (its doorbell, else a memfd of `memory`) and
+// closes it at once.
+Status take_probe(const EngineDesc& remote, std::string_view address,
+                  std::span<const MemoryDesc> memory) {
+  const pid_t pid = shm_address_pid(address);
+  const PeerProcess process(pid);
+  if (process.fd() < 0 || process_start_time(pid) != remote.start_time) {
+    return Status::unavailable(fmt::format("its process {} is not the one described", pid));
+  }
+  int32_t number = remote.doorbell;
+  for (const MemoryDesc& m : memory) {
+    if (number < 0) number = m.memfd;
+  }
+  PDKV_ASSIGN_OR_RETURN(const int fd, take_peer_fd(process.fd(), number, "descriptor"));
+  ::close(fd);
+  return Status::ok();
+}
+
+}  // namespace
+
 bool IoEngine::copies_from(const EngineDesc& remote, std::span<const MemoryDesc> memory) const {
   const auto chosen = impl_->endpoint_for(remote);
   if (!chosen.is_ok() || impl_->endpoints[chosen->first]->provider != "shm") return false;
   const auto shared = [](const MemoryDesc& m) { return m.memfd >= 0; };
   if (!std::any_of(memory.begin(), memory.end(), shared)) return false;  // its pools are not
+  const std::pair<std::string, uint64_t> engine{remote.key, remote.start_time};
+  {
+    std::lock_guard lock(impl_->mu);
+    if (std::none_of(impl_->registered.begin(), impl_->registered.end(),
+                     [&](const Impl::Registered& r) { return shared(r.desc); })) {
+      return false;  // ours are not
+    }
+    if (auto known = impl_->may_take_from.find(engine); known != impl_->may_take_from.end()) {
+      return known->second;
+    }
+  }
+  const Status probe = take_probe(remote, remote.endpoints[chosen->second].address, memory);
+  if (!probe.is_ok()) {
+    logger("mori")->info(
+        "engine '{}' on this host: {}; its writes are taken to go through shm, not into our "
+        "pools (ptrace permission is alike both ways between processes of one user)",
+        remote.key, probe.message());
+  }
   std::lock_guard lock(impl_->mu);
-  return std::any_of(impl_->registered.begin(), impl_->registered.end(),
-                     [&](const Impl::Registered& r) { return shared(r.desc); });
+  return impl_->may_take_from.emplace(engine, probe.is_ok()).first->second;
 }
 
 uint64_t IoEngine::dropped_messages() const {

@@ -256,7 +256,11 @@ class IoEngine {
   uint64_t rung_doorbells() const;
   // Whether the engine of `remote`, with `memory`, copies into this engine's
   // pools when it writes here: on this host over shm, with shared pools on
-  // both sides.
+  // both sides, and with the kernel letting it take our pools' memfds. That
+  // needs ptrace permission over this process, which the kernel gives alike
+  // both ways between processes of one user that are not each other's
+  // ancestors (Yama ptrace_scope 0 and 1): this engine probes its own over
+  // the source's process, once per engine (take_probe below).
   bool copies_from(const EngineDesc& remote, std::span<const MemoryDesc> memory) const;
 
   // Memory ordering against the bytes peers move (see Transport).

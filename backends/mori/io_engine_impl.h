@@ -226,6 +226,9 @@ struct IoEngine::Impl {
   std::vector<PendingMessage> pending_messages;
   std::vector<std::string> messages;  // peers' messages, not yet taken
   uint64_t dropped_messages = 0;      // without our inbox key
+  // Whether this process may take files from a peer's (engine key, start
+  // time): IoEngine::copies_from's probe, remembered.
+  std::map<std::pair<std::string, uint64_t>, bool> may_take_from;
   // The progress thread's copies into peers' mapped pools (post_burst).
   std::atomic<uint64_t> copied_bytes{0};
   std::atomic<uint64_t> rung_doorbells{0};

@@ -224,7 +224,11 @@ TEST(MoriSharedPool, AFailedTransferIsReportedOnlyOnceItsCopiesAreDone) {
 }
 
 // What the decode side's staging choice asks: a source copies into this
-// engine's pools when both sides have them and it comes over shm.
+// engine's pools when both sides have them, it comes over shm, and this
+// process may take files from the source's (the probe of the ptrace
+// permission the source needs over this one: here a source whose process
+// is not the one described, or whose descriptor names no file to take,
+// stands in for a kernel that refuses, which root on this VM never meets).
 TEST(MoriSharedPool, ASourceCopiesOnlyWithPoolsOnBothSidesOverShm) {
   auto here = IoEngine::create(config("here", "auto", true)).value();
   auto source = IoEngine::create(config("source", "auto", true)).value();
@@ -238,6 +242,16 @@ TEST(MoriSharedPool, ASourceCopiesOnlyWithPoolsOnBothSidesOverShm) {
   EngineDesc elsewhere = source->desc();
   elsewhere.host_identity = "another host";
   EXPECT_FALSE(here->copies_from(elsewhere, {&pooled, 1}));
+  EngineDesc reborn = source->desc();
+  reborn.start_time += 1;
+  EXPECT_FALSE(here->copies_from(reborn, {&pooled, 1}));
+  EngineDesc nothing_to_take = source->desc();
+  nothing_to_take.key = "nothing to take";
+  nothing_to_take.doorbell = -1;
+  MemoryDesc closed = pooled;
+  closed.memfd = 1 << 20;  // above any open file's number
+  EXPECT_FALSE(here->copies_from(nothing_to_take, {&closed, 1}));
+  EXPECT_TRUE(here->copies_from(source->desc(), {&pooled, 1}));  // remembered per engine
 }
 
 TEST(MoriSharedPool, TheDescriptorCarriesEachMemorysMemfd) {
