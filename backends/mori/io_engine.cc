@@ -320,10 +320,7 @@ TransferId IoEngine::allocate_transfer_id() {
 Result<IoEngine::Session> IoEngine::create_session(const MemoryDesc& local,
                                                    const MemoryDesc& remote) {
   std::lock_guard lock(impl_->mu);
-  if (local.engine_key != impl_->desc.key || local.id >= impl_->registered.size()) {
-    return Status::invalid_argument(
-        fmt::format("memory {} of engine '{}' is not registered here", local.id, local.engine_key));
-  }
+  PDKV_RETURN_IF_ERROR(impl_->check_ours(local));
   if (impl_->peers.count(remote.engine_key) == 0) {
     return Status::not_found(fmt::format("no mori engine '{}' registered", remote.engine_key));
   }
@@ -436,14 +433,19 @@ Status IoEngine::Impl::check_pieces(TransferId id, std::span<const Piece> pieces
   return Status::ok();
 }
 
-Status IoEngine::Impl::add_ops(const Piece& piece, const Peer& peer, bool read, TransferId id,
-                               std::vector<std::unique_ptr<Op>>& ops) {
-  const MemoryDesc& local = *piece.local;
-  const MemoryDesc& remote = *piece.remote;
+Status IoEngine::Impl::check_ours(const MemoryDesc& local) const {
   if (local.engine_key != desc.key || local.id >= registered.size()) {
     return Status::invalid_argument(
         fmt::format("memory {} of engine '{}' is not registered here", local.id, local.engine_key));
   }
+  return Status::ok();
+}
+
+Status IoEngine::Impl::add_ops(const Piece& piece, const Peer& peer, bool read, TransferId id,
+                               std::vector<std::unique_ptr<Op>>& ops) {
+  const MemoryDesc& local = *piece.local;
+  const MemoryDesc& remote = *piece.remote;
+  PDKV_RETURN_IF_ERROR(check_ours(local));
   // The bounds were checked against the caller's copy of the descriptor.
   const MemoryDesc& ours = registered[local.id].desc;
   if (local.base != ours.base || local.length > ours.length) {

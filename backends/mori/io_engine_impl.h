@@ -314,6 +314,8 @@ struct IoEngine::Impl {
   static void add_signal(Transfer& t, std::vector<std::unique_ptr<Op>>& ops, bool signal_apart,
                          bool ordered);
   static Status check_pieces(TransferId id, std::span<const Piece> pieces);
+  // mu held: `local` names memory registered here (create_session, add_ops).
+  Status check_ours(const MemoryDesc& local) const;
   // mu held: the piece's buffers are ours and the peer's, and its operations.
   Status add_ops(const Piece& piece, const Peer& peer, bool read, TransferId id,
                  std::vector<std::unique_ptr<Op>>& ops);

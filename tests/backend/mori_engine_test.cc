@@ -57,9 +57,7 @@ TEST_P(MoriEngine, TheTargetLearnsThatAWholeTransferLanded) {
   ASSERT_TRUE(session.batch_write(local, remote, sizes, id).is_ok());
   const TransferStatus st = wait(*initiator, id);
   ASSERT_EQ(st.state, TransferState::kSuccess) << st.error.to_string();
-  ASSERT_TRUE(testing::poll_until(
-      [&] { return target->pop_inbound_transfer_status("initiator", id); }, 10s));
-  target->acquire_inbound_writes();
+  ASSERT_TRUE(landed(*target, id));
   for (size_t i = 0; i < sizes.size(); ++i) {
     EXPECT_EQ(std::memcmp(dst.data() + remote[i], src.data() + local[i], sizes[i]), 0) << i;
   }
@@ -102,9 +100,7 @@ TEST_P(MoriEngine, TheTargetLearnsOfManyWritesOnlyOnceEveryByteLanded) {
   }
   const TransferId id = initiator->allocate_transfer_id();
   ASSERT_TRUE(session.batch_write(local, remote, sizes, id).is_ok());
-  ASSERT_TRUE(testing::poll_until(
-      [&] { return target->pop_inbound_transfer_status("initiator", id); }, 20s));
-  target->acquire_inbound_writes();
+  ASSERT_TRUE(landed(*target, id));
   size_t wrong = 0;
   for (size_t i = 0; i < kWrites; ++i) {
     wrong += std::memcmp(dst.data() + 2 * i * kSize, src.data() + i * kSize, kSize) != 0;
@@ -287,9 +283,7 @@ TEST_P(MoriEngine, ATransferOverTwoBufferPairsLandsWholeOrIsRefusedWhole) {
                                                 {&b, &to_a, at, to, sizes}};
   const TransferId id = initiator->allocate_transfer_id();
   ASSERT_TRUE(initiator->batch_write(crossed, id).is_ok());
-  ASSERT_TRUE(testing::poll_until(
-      [&] { return target->pop_inbound_transfer_status("initiator", id); }, 10s));
-  target->acquire_inbound_writes();
+  ASSERT_TRUE(landed(*target, id));
   size_t wrong = 0;
   for (size_t i = 0; i < kWrites; ++i) {
     wrong += std::memcmp(dst_b.data() + 2 * i * kSize, src_a.data() + i * kSize, kSize) != 0;
@@ -339,9 +333,7 @@ TEST_P(MoriEngine, ATransferOverTwoBufferPairsLandsWholeOrIsRefusedWhole) {
   const std::vector<IoEngine::Piece> later = {{&a, &to_a, zero, last, one_slot}};
   const TransferId after = initiator->allocate_transfer_id();
   ASSERT_TRUE(initiator->batch_write(later, after).is_ok());
-  ASSERT_TRUE(testing::poll_until(
-      [&] { return target->pop_inbound_transfer_status("initiator", after); }, 10s));
-  target->acquire_inbound_writes();
+  ASSERT_TRUE(landed(*target, after));
   EXPECT_EQ(std::memcmp(dst_a.data() + kBytes - kSize, src_a.data(), kSize), 0);
   EXPECT_TRUE(between_untouched()) << "a refused transfer wrote";
 }

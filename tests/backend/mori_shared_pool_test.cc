@@ -75,9 +75,7 @@ uint64_t write_then_read(const std::string& provider, bool initiator_pools, bool
   const TransferId write = initiator->allocate_transfer_id();
   EXPECT_TRUE(session.batch_write(offsets, offsets, sizes, write).is_ok());
   if (!finished(*initiator, write)) return UINT64_MAX;
-  EXPECT_TRUE(testing::poll_until(
-      [&] { return target->pop_inbound_transfer_status("initiator", write); }, 10s));
-  target->acquire_inbound_writes();
+  EXPECT_TRUE(landed(*target, write));
   EXPECT_EQ(std::memcmp(dst, src.data(), kBytes), 0);
   EXPECT_TRUE(target->take_messages().empty());  // a landed message is no notice
   EXPECT_EQ(target->dropped_messages(), 0u);

@@ -1,5 +1,5 @@
 // What the mori engine's tests share: an engine's configuration, and
-// waiting for a transfer to end.
+// waiting for a transfer to end or to land.
 #pragma once
 
 #include <chrono>
@@ -26,6 +26,15 @@ inline TransferStatus wait(IoEngine& e, TransferId id) {
       [&] { return (st = e.transfer_status(id)).state != TransferState::kInProgress; },
       std::chrono::seconds(20));
   return st;
+}
+
+// Target side: whether transfer `id` of engine `from` landed within 20 s;
+// its bytes are then visible to this thread.
+inline bool landed(IoEngine& target, TransferId id, const std::string& from = "initiator") {
+  const bool arrived = testing::poll_until(
+      [&] { return target.pop_inbound_transfer_status(from, id); }, std::chrono::seconds(20));
+  target.acquire_inbound_writes();
+  return arrived;
 }
 
 }  // namespace pdkv::backends::mori
