@@ -21,6 +21,7 @@
 #include "event_loop.h"
 #include "frame_io.h"
 #include "shared_pool.h"
+#include "spare_vectors.h"
 #include "transfer_engine.h"
 #include "transport_signal.h"
 
@@ -302,9 +303,15 @@ struct TransferEngine::Impl {
   // A spare slice, or a new one; mu held. A spare one still holds its last
   // use: the caller assigns the whole of it.
   SlicePtr new_slice();
-  // submit_transfer's halves, mu held: the segment of each request, or why
-  // the submission is refused whole; then the slices for each segment.
-  Result<std::vector<Peer*>> check_requests(std::span<const TransferRequest> requests) const;
+  // Batches' request lists and submit_transfer's segment lists, kept from
+  // batch to batch (spare_vectors.h).
+  SpareVectors<Request> spare_requests;
+  SpareVectors<Peer*> spare_targets;
+  // submit_transfer's halves, mu held: the segment of each request into
+  // `targets`, or why the submission is refused whole; then the slices for
+  // each segment.
+  Status check_requests(std::span<const TransferRequest> requests,
+                        std::vector<Peer*>& targets) const;
   std::map<Peer*, Slices> slice_requests(BatchId batch_id, Batch& batch,
                                          std::span<const TransferRequest> requests,
                                          std::span<Peer* const> targets);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "pdkv/transport.h"
+#include "spare_vectors.h"
 #include "transfer_engine.h"
 #include "wire.h"
 
@@ -88,9 +89,17 @@ namespace {
 // From the naive and 1 -> 1 rows of docs/benchmarks.md: a slice over TCP
 // costs 5-15 us (its frame, its share of an ACK, the loop's turn), so staging
 // pays for page-sized (32 KiB) fragments already; a same-host slice well
-// under 1 us.
+// under 1 us. Since batches' lists are kept from batch to batch
+// (spare_vectors.h), 1 KiB: at 1 k tokens (pdkv bench, medians of 3 and 5
+// runs) a decode rank fed by two or four sources of 512-byte or 1 KiB
+// fragments is written directly (4 -> 2: 4.5 GB/s against 1.8 staged; 2 ->
+// 1, 4 -> 1: 5.9-6.5 and 3.3-3.7 against 1.2-1.5), one fed by a single
+// source of 512-byte ones stages (2 -> 4: 4.8 against 3.8). A single source
+// of 1 KiB ones (1 -> 2) is written directly at 0.88 of staging's GB/s: the
+// same products of sources and fragment size as 4 -> 2, where staging
+// loses by 2.5x (docs/benchmarks.md).
 constexpr uint64_t kTcpWriteOverhead = 262144;
-constexpr uint64_t kSameHostWriteOverhead = 8192;
+constexpr uint64_t kSameHostWriteOverhead = 1024;
 
 static_assert(wire::kMaxNotifyPayload >= Transport::kMaxNotificationBytes,
               "a NOTIFY frame carries any notification the engine sends");
@@ -200,7 +209,8 @@ class MooncakeTransport final : public Transport {
                          const std::string* notification) {
     PDKV_ASSIGN_OR_RETURN(auto remote, engine_->segment_buffers(peer));
     std::vector<uint64_t> local_lengths, remote_lengths;
-    std::vector<TransferRequest> requests;
+    SpareVectors<TransferRequest>::Lease lease(spare_requests_);
+    std::vector<TransferRequest>& requests = *lease;
     requests.reserve(ops.size());
     {
       std::lock_guard lock(mu_);
@@ -230,6 +240,7 @@ class MooncakeTransport final : public Transport {
   const SameHost same_host_;
   mutable std::mutex mu_;
   std::vector<MemoryRegion> regions_;
+  SpareVectors<TransferRequest> spare_requests_;  // submit()'s lists, kept from batch to batch
 };
 
 Result<std::unique_ptr<Transport>> create(const TransportOptions& options) {

@@ -396,10 +396,10 @@ Result<BatchId> TransferEngine::allocate_batch_id(size_t batch_size) {
   return id;
 }
 
-Result<std::vector<Peer*>> TransferEngine::Impl::check_requests(
-    std::span<const TransferRequest> requests) const {
+Status TransferEngine::Impl::check_requests(std::span<const TransferRequest> requests,
+                                            std::vector<Peer*>& targets) const {
   // A batch's requests mostly go to one segment: each run of them looks it up once.
-  std::vector<Peer*> targets(requests.size());
+  targets.resize(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const TransferRequest& r = requests[i];
     if (r.opcode != Opcode::kWrite && r.opcode != Opcode::kRead) {
@@ -429,7 +429,7 @@ Result<std::vector<Peer*>> TransferEngine::Impl::check_requests(
                       r.target_offset, r.length, targets[i]->descriptor().name));
     }
   }
-  return targets;
+  return Status::ok();
 }
 
 std::map<Peer*, Slices> TransferEngine::Impl::slice_requests(
@@ -438,8 +438,11 @@ std::map<Peer*, Slices> TransferEngine::Impl::slice_requests(
   std::map<Peer*, Slices> by_peer;
   if (batch.requests.empty()) {
     batch.deadline = Clock::now() + config.request_timeout;
-    // A batch is mostly submitted whole: its list of 65,536 is not regrown.
-    batch.requests.reserve(requests.size());
+    // A batch is mostly submitted whole, then its notification: its list of
+    // 65,536 is not regrown (a regrowth moved every request, on fresh
+    // pages), and its storage is an earlier batch's.
+    batch.requests = spare_requests.take();
+    batch.requests.reserve(std::min(batch.capacity, requests.size() + 1));
   }
   Slices* slices = nullptr;  // those of targets[i - 1]
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -484,8 +487,9 @@ Status TransferEngine::submit_transfer(BatchId batch_id,
                                               batch_id, batch.capacity, requests.size()));
     }
     // Check everything before anything is queued: a refused submission moves nothing.
-    PDKV_ASSIGN_OR_RETURN(const std::vector<Peer*> targets, impl_->check_requests(requests));
-    by_peer = impl_->slice_requests(batch_id, batch, requests, targets);
+    SpareVectors<Peer*>::Lease targets(impl_->spare_targets);
+    PDKV_RETURN_IF_ERROR(impl_->check_requests(requests, *targets));
+    by_peer = impl_->slice_requests(batch_id, batch, requests, *targets);
   }
   for (auto& [peer, slices] : by_peer) peer->post_dispatch(std::move(slices));
   return Status::ok();
@@ -604,9 +608,12 @@ Result<TransferStatus> TransferEngine::get_batch_status(BatchId batch_id) {
 
 Status TransferEngine::free_batch_id(BatchId batch_id) {
   std::lock_guard lock(impl_->mu);
-  if (impl_->batches.erase(batch_id) == 0) {
+  auto batch = impl_->batches.find(batch_id);
+  if (batch == impl_->batches.end()) {
     return Status::not_found(fmt::format("no batch {}", batch_id));
   }
+  impl_->spare_requests.give_back(std::move(batch->second.requests));
+  impl_->batches.erase(batch);
   return Status::ok();
 }
 

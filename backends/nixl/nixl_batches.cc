@@ -30,10 +30,12 @@ Result<BatchId> NixlTransport::submit(PeerId peer_id, std::span<const WriteOp> o
     peer->second.batches.insert(id);
     ++in_flight_;
   }
-  thread_.post(
-      [this, id, direction, copy = std::vector<WriteOp>(ops.begin(), ops.end())]() mutable {
-        start_batch(id, std::move(copy), direction);
-      });
+  std::vector<WriteOp> copy = spare_ops_.take();
+  copy.assign(ops.begin(), ops.end());
+  thread_.post([this, id, direction, copy = std::move(copy)]() mutable {
+    start_batch(id, copy, direction);
+    spare_ops_.give_back(std::move(copy));
+  });
   return id;
 }
 
@@ -74,7 +76,7 @@ bool NixlTransport::busy() const {
   return in_flight_ > 0;
 }
 
-void NixlTransport::start_batch(BatchId id, std::vector<WriteOp> ops, Direction direction) {
+void NixlTransport::start_batch(BatchId id, const std::vector<WriteOp>& ops, Direction direction) {
   PeerId peer;
   {
     std::lock_guard lock(mu_);

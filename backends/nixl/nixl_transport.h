@@ -67,6 +67,7 @@
 #include "drain_deadline.h"
 #include "pdkv/transport.h"
 #include "progress_thread.h"
+#include "spare_vectors.h"
 #include "transport_signal.h"
 
 namespace pdkv::backends::nixl {
@@ -257,7 +258,7 @@ class NixlTransport final : public Transport {
   // Progress thread only (nixl_batches.cc):
   bool progress();
   bool busy() const;
-  void start_batch(BatchId id, std::vector<WriteOp> ops, Direction direction);
+  void start_batch(BatchId id, const std::vector<WriteOp>& ops, Direction direction);
   // Message path (nixl_messages.cc).
   void send_messages(BatchId id, PeerId peer, const std::vector<WriteOp>& ops);
   void answered(const Answer& answer);
@@ -326,6 +327,9 @@ class NixlTransport final : public Transport {
   // The AM handlers mark when they queue a notification; progress()
   // announces after its pass, once UCX has returned.
   TransportSignal notes_arrived_;
+  // The copies of batches' ops that submit() hands the thread, kept from
+  // batch to batch.
+  SpareVectors<WriteOp> spare_ops_;
 
   mutable std::mutex mu_;
   std::vector<LocalRegion> regions_;

@@ -39,6 +39,7 @@
 #include "engine/batch_tracker.h"
 #include "engine/control_service.h"
 #include "engine/engine_context.h"
+#include "spare_vectors.h"
 
 namespace pdkv::engine {
 
@@ -202,6 +203,7 @@ class PrefillSide {
   bool giving_up_ = false;
   const bool notices_ = false;  // the transport has notifications: success travels with the bytes
   uint32_t early_rooms_ = 0;    // rooms with `early` set
+  SpareVectors<WriteOp> spare_ops_;  // post_writes' lists, kept from batch to batch
 };
 
 }  // namespace pdkv::engine
