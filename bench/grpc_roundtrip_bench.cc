@@ -99,34 +99,53 @@ void BM_UnaryCall(benchmark::State& state) {
     RoomStatus request;
     request.set_room(7);
     ControlReply reply;
-    s.stub->async()->ReportStatus(&ctx, &request, &reply,
-                                  [&](const grpc::Status&) { answered.set(); });
+    grpc::Status status;
+    s.stub->async()->ReportStatus(&ctx, &request, &reply, [&](const grpc::Status& st) {
+      status = st;
+      answered.set();
+    });
     answered.wait();
+    if (!status.ok()) {
+      state.SkipWithError(("ReportStatus failed: " + status.error_message()).c_str());
+      break;
+    }
   }
 }
 BENCHMARK(BM_UnaryCall)->MeasureProcessCPUTime()->UseRealTime()->MinTime(2.0);
 
 // The client end of the stream: one message out, its echo in, per round
 // (and the write's completion: gRPC takes one write at a time).
+// A round that fails (the stream broke) ends the stream: nothing more is
+// started on it, and finish() only waits for OnDone.
 class StreamClient : public grpc::ClientBidiReactor<Heartbeat, Heartbeat> {
  public:
-  void round() {
+  bool round() {
     StartWrite(&out_);
     StartRead(&in_);
     written_.wait();
     echoed_.wait();
+    broken_ = broken_ || !write_ok_ || !read_ok_;
+    return !broken_;
   }
   void finish() {
-    StartWritesDone();
+    if (!broken_) StartWritesDone();
     done_.wait();
   }
-  void OnWriteDone(bool) override { written_.set(); }
-  void OnReadDone(bool) override { echoed_.set(); }
+  void OnWriteDone(bool ok) override {
+    write_ok_ = ok;
+    written_.set();
+  }
+  void OnReadDone(bool ok) override {
+    read_ok_ = ok;
+    echoed_.set();
+  }
   void OnDone(const grpc::Status&) override { done_.set(); }
 
  private:
   Heartbeat out_, in_;
   Signal written_, echoed_, done_;
+  bool write_ok_ = false, read_ok_ = false;  // set before their Signal
+  bool broken_ = false;                      // the caller's thread only
 };
 
 void BM_StreamMessage(benchmark::State& state) {
@@ -135,8 +154,13 @@ void BM_StreamMessage(benchmark::State& state) {
   StreamClient client;
   s.stub->async()->Watch(&ctx, &client);
   client.StartCall();
-  client.round();  // the stream is up
-  for (auto _ : state) client.round();
+  bool up = client.round();  // the stream is up
+  for (auto _ : state) {
+    if (!up || !client.round()) {
+      state.SkipWithError("the stream broke");
+      break;
+    }
+  }
   client.finish();
 }
 BENCHMARK(BM_StreamMessage)->MeasureProcessCPUTime()->UseRealTime()->MinTime(2.0);

@@ -1,6 +1,6 @@
 // Storage kept from one batch for the next: the lists a batch is built
 // from (its ops, a transport's requests) are megabytes for a long request
-// written directly (65,536 ops of one page's worth each for 1k tokens of
+// written directly (65,536 ops of 512 bytes each for 1k tokens of
 // llama3-8b at 2 -> 4). Freed after each batch, glibc hands such blocks back
 // to the kernel (an arena's top is trimmed past 128 KiB), and the next batch
 // faults every page in again: that cost more than building the list (the
@@ -21,9 +21,10 @@ namespace pdkv {
 template <typename T>
 class SpareVectors {
  public:
-  // Kept at most: enough for the batches one thread builds at once; and a
-  // list larger than kMaxKeptBytes (a 32k-token request's) is freed, since
-  // its copying outweighs its faults.
+  // Kept at most: enough lists for the batches in flight at once, and
+  // kMaxKeptBytes of storage in all, so that a burst of long requests does
+  // not leave the process holding hundreds of MiB; a list that does not fit
+  // (a 32k-token request's) is freed, since its copying outweighs its faults.
   static constexpr size_t kMaxKept = 4;
   static constexpr size_t kMaxKeptBytes = size_t{64} << 20;
 
@@ -48,16 +49,19 @@ class SpareVectors {
     if (kept_.empty()) return {};
     std::vector<T> v = std::move(kept_.back());
     kept_.pop_back();
+    kept_bytes_ -= v.capacity() * sizeof(T);
     return v;
   }
 
-  // Empties `v` and keeps it for a later take(), unless enough are kept.
+  // Empties `v` and keeps it for a later take(), unless it does not fit.
   void give_back(std::vector<T>&& v) {
     v.clear();
-    if (v.capacity() == 0 || v.capacity() * sizeof(T) > kMaxKeptBytes) return;
+    const size_t bytes = v.capacity() * sizeof(T);
+    if (bytes == 0 || bytes > kMaxKeptBytes) return;
     std::vector<T> dropped;  // freed outside the lock
     std::lock_guard lock(mu_);
-    if (kept_.size() < kMaxKept) {
+    if (kept_.size() < kMaxKept && kept_bytes_ + bytes <= kMaxKeptBytes) {
+      kept_bytes_ += bytes;
       kept_.push_back(std::move(v));
     } else {
       dropped = std::move(v);
@@ -67,6 +71,7 @@ class SpareVectors {
  private:
   std::mutex mu_;
   std::vector<std::vector<T>> kept_;
+  size_t kept_bytes_ = 0;  // the storage of kept_'s lists
 };
 
 }  // namespace pdkv

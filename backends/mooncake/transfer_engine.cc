@@ -441,7 +441,7 @@ std::map<Peer*, Slices> TransferEngine::Impl::slice_requests(
     // A batch is mostly submitted whole, then its notification: its list of
     // 65,536 is not regrown (a regrowth moved every request, on fresh
     // pages), and its storage is an earlier batch's.
-    batch.requests = spare_requests.take();
+    if (batch.requests.capacity() == 0) batch.requests = spare_requests.take();
     batch.requests.reserve(std::min(batch.capacity, requests.size() + 1));
   }
   Slices* slices = nullptr;  // those of targets[i - 1]

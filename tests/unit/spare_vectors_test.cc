@@ -1,6 +1,6 @@
 // SpareVectors: a list given back comes out of the next take() with its
-// storage (the same buffer, by address), emptied; the counts and sizes kept
-// are the bounds the header states, checked by hand.
+// storage (the same buffer, by address), emptied; the count and the bytes
+// kept are the bounds the header states, checked by hand.
 #include "spare_vectors.h"
 
 #include <gtest/gtest.h>
@@ -39,7 +39,7 @@ TEST(SpareVectors, ALeaseGivesItsListBackAsItsScopeEnds) {
   EXPECT_EQ(next->data(), storage);
 }
 
-TEST(SpareVectors, KeepsAtMostFourListsAndNoneOverItsByteBound) {
+TEST(SpareVectors, KeepsAtMostFourListsAndAtMost64MiBInAll) {
   SpareVectors<uint64_t> spares;
   for (int i = 0; i < 6; ++i) spares.give_back(std::vector<uint64_t>(10));
   int kept = 0;
@@ -56,6 +56,20 @@ TEST(SpareVectors, KeepsAtMostFourListsAndNoneOverItsByteBound) {
   over.reserve(kAtBound + 1);
   spares.give_back(std::move(over));
   EXPECT_EQ(spares.take().capacity(), 0u);
+
+  // 40 MiB kept, then 40 MiB more would pass 64 in all: dropped. Taking
+  // the first frees its share again.
+  constexpr size_t k40MiB = (size_t{40} << 20) / sizeof(uint64_t);
+  std::vector<uint64_t> first, second, third;
+  first.reserve(k40MiB);
+  second.reserve(k40MiB);
+  third.reserve(k40MiB);
+  spares.give_back(std::move(first));
+  spares.give_back(std::move(second));
+  EXPECT_GE(spares.take().capacity(), k40MiB);
+  EXPECT_EQ(spares.take().capacity(), 0u);
+  spares.give_back(std::move(third));
+  EXPECT_GE(spares.take().capacity(), k40MiB);
 }
 
 }  // namespace
