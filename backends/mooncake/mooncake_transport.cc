@@ -97,7 +97,9 @@ namespace {
 // source of 512-byte ones stages (2 -> 4: 4.8 against 3.8). A single source
 // of 1 KiB ones (1 -> 2) is written directly at 0.88 of staging's GB/s: the
 // same products of sources and fragment size as 4 -> 2, where staging
-// loses by 2.5x (docs/benchmarks.md).
+// loses. By less than the bench's rows say: they warm one window, and
+// staging for several sources wants more; with two windows warm, 4 -> 2
+// measured 3.9-5.1 GB/s direct against 3.3-3.4 staged (docs/benchmarks.md).
 constexpr uint64_t kTcpWriteOverhead = 262144;
 constexpr uint64_t kSameHostWriteOverhead = 1024;
 
