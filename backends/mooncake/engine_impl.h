@@ -303,18 +303,14 @@ struct TransferEngine::Impl {
   // A spare slice, or a new one; mu held. A spare one still holds its last
   // use: the caller assigns the whole of it.
   SlicePtr new_slice();
-  // Batches' request lists and submit_transfer's segment lists, kept from
-  // batch to batch (spare_vectors.h).
+  // Batches' request lists, kept from batch to batch (spare_vectors.h).
   SpareVectors<Request> spare_requests;
-  SpareVectors<Peer*> spare_targets;
-  // submit_transfer's halves, mu held: the segment of each request into
-  // `targets`, or why the submission is refused whole; then the slices for
-  // each segment.
-  Status check_requests(std::span<const TransferRequest> requests,
-                        std::vector<Peer*>& targets) const;
+  // submit_transfer's halves, mu held: why the submission is refused whole,
+  // if it is; then the slices for each segment (one that check_requests
+  // found open).
+  Status check_requests(std::span<const TransferRequest> requests) const;
   std::map<Peer*, Slices> slice_requests(BatchId batch_id, Batch& batch,
-                                         std::span<const TransferRequest> requests,
-                                         std::span<Peer* const> targets);
+                                         std::span<const TransferRequest> requests);
   FailureCallback on_failure;
   // Marked under mu as batches end or fail; announced by the loop thread
   // that did it once mu is released (complete, fail, fail_request).

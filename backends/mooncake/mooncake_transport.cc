@@ -90,16 +90,11 @@ namespace {
 // costs 5-15 us (its frame, its share of an ACK, the loop's turn), so staging
 // pays for page-sized (32 KiB) fragments already; a same-host slice well
 // under 1 us. Since batches' lists are kept from batch to batch
-// (spare_vectors.h), 1 KiB: at 1 k tokens (pdkv bench, medians of 3 and 5
-// runs) a decode rank fed by two or four sources of 512-byte or 1 KiB
-// fragments is written directly (4 -> 2: 4.5 GB/s against 1.8 staged; 2 ->
-// 1, 4 -> 1: 5.9-6.5 and 3.3-3.7 against 1.2-1.5), one fed by a single
-// source of 512-byte ones stages (2 -> 4: 4.8 against 3.8). A single source
-// of 1 KiB ones (1 -> 2) is written directly at 0.88 of staging's GB/s: the
-// same products of sources and fragment size as 4 -> 2, where staging
-// loses. By less than the bench's rows say: they warm one window, and
-// staging for several sources wants more; with two windows warm, 4 -> 2
-// measured 3.9-5.1 GB/s direct against 3.3-3.4 staged (docs/benchmarks.md).
+// (spare_vectors.h), 1 KiB: it writes directly where two or four sources
+// feed a decode rank (staging there scatters for them all and lost) and
+// stages 512-byte fragments from a single source. No figure picks both 4 ->
+// 2 and 1 -> 2, which staging_pays() cannot tell apart; 1 KiB loses about
+// 12 % at 1 -> 2 (docs/benchmarks.md, "Batches' lists kept").
 constexpr uint64_t kTcpWriteOverhead = 262144;
 constexpr uint64_t kSameHostWriteOverhead = 1024;
 

@@ -396,10 +396,9 @@ Result<BatchId> TransferEngine::allocate_batch_id(size_t batch_size) {
   return id;
 }
 
-Status TransferEngine::Impl::check_requests(std::span<const TransferRequest> requests,
-                                            std::vector<Peer*>& targets) const {
+Status TransferEngine::Impl::check_requests(std::span<const TransferRequest> requests) const {
   // A batch's requests mostly go to one segment: each run of them looks it up once.
-  targets.resize(requests.size());
+  const Peer* target = nullptr;
   for (size_t i = 0; i < requests.size(); ++i) {
     const TransferRequest& r = requests[i];
     if (r.opcode != Opcode::kWrite && r.opcode != Opcode::kRead) {
@@ -408,33 +407,30 @@ Status TransferEngine::Impl::check_requests(std::span<const TransferRequest> req
                       "submit_notification)",
                       i, static_cast<int>(r.opcode)));
     }
-    if (i > 0 && r.target == requests[i - 1].target) {
-      targets[i] = targets[i - 1];
-    } else {
+    if (i == 0 || r.target != requests[i - 1].target) {
       auto peer = peers.find(r.target);
       if (peer == peers.end()) {
         return Status::not_found(fmt::format("request {}: no open segment {}", i, r.target));
       }
       if (auto f = failed_segments.find(r.target); f != failed_segments.end()) return f->second;
-      targets[i] = peer->second.get();
+      target = peer->second.get();
     }
     if (!local_contains(reinterpret_cast<uint64_t>(r.source), r.length)) {
       return Status::out_of_range(
           fmt::format("request {}: local bytes [{}, +{}) are not registered", i,
                       static_cast<const void*>(r.source), r.length));
     }
-    if (targets[i]->find_buffer(r.target_offset, r.length) == nullptr) {
+    if (target->find_buffer(r.target_offset, r.length) == nullptr) {
       return Status::out_of_range(
           fmt::format("request {}: target bytes [{:#x}, +{}) outside segment {}'s buffers", i,
-                      r.target_offset, r.length, targets[i]->descriptor().name));
+                      r.target_offset, r.length, target->descriptor().name));
     }
   }
   return Status::ok();
 }
 
 std::map<Peer*, Slices> TransferEngine::Impl::slice_requests(
-    BatchId batch_id, Batch& batch, std::span<const TransferRequest> requests,
-    std::span<Peer* const> targets) {
+    BatchId batch_id, Batch& batch, std::span<const TransferRequest> requests) {
   std::map<Peer*, Slices> by_peer;
   if (batch.requests.empty()) {
     batch.deadline = Clock::now() + config.request_timeout;
@@ -444,16 +440,17 @@ std::map<Peer*, Slices> TransferEngine::Impl::slice_requests(
     if (batch.requests.capacity() == 0) batch.requests = spare_requests.take();
     batch.requests.reserve(std::min(batch.capacity, requests.size() + 1));
   }
-  Slices* slices = nullptr;  // those of targets[i - 1]
+  Slices* slices = nullptr;  // those of requests[i - 1]'s segment
   for (size_t i = 0; i < requests.size(); ++i) {
     const TransferRequest& r = requests[i];
     const auto index = static_cast<uint32_t>(batch.requests.size());
     Request& rec = batch.requests.emplace_back();
     rec.slices_left = (r.length + config.slice_bytes - 1) / config.slice_bytes;
     if (rec.slices_left == 0) batch.advance(index, TransferState::kCompleted);
-    if (i == 0 || targets[i] != targets[i - 1]) {
-      slices = &by_peer[targets[i]];
-      batch.peers.insert(targets[i]);
+    if (i == 0 || r.target != requests[i - 1].target) {
+      Peer* target = peers.at(r.target).get();  // check_requests found it
+      slices = &by_peer[target];
+      batch.peers.insert(target);
     }
     batch.slices_out += rec.slices_left;
     for (uint64_t off = 0; off < r.length; off += config.slice_bytes) {
@@ -487,9 +484,8 @@ Status TransferEngine::submit_transfer(BatchId batch_id,
                                               batch_id, batch.capacity, requests.size()));
     }
     // Check everything before anything is queued: a refused submission moves nothing.
-    SpareVectors<Peer*>::Lease targets(impl_->spare_targets);
-    PDKV_RETURN_IF_ERROR(impl_->check_requests(requests, *targets));
-    by_peer = impl_->slice_requests(batch_id, batch, requests, *targets);
+    PDKV_RETURN_IF_ERROR(impl_->check_requests(requests));
+    by_peer = impl_->slice_requests(batch_id, batch, requests);
   }
   for (auto& [peer, slices] : by_peer) peer->post_dispatch(std::move(slices));
   return Status::ok();

@@ -155,13 +155,12 @@ Status NixlTransport::init() {
   caps_.fences_inbound = data_path_ == DataPath::kMessage;
   // A put straight into the peer's shared segment costs little beyond its
   // bytes; on the message path each write is a message the target copies
-  // in. With batches' op lists kept from batch to batch (spare_vectors.h),
-  // direct puts of 512-byte fragments from a single source (1 -> 4, 2 -> 4)
-  // are as fast as staging them within the noise at 1 k tokens (medians of
-  // five runs: 1 -> 4 4.38 GB/s direct, 3.62 staged; 2 -> 4 5.80 and 6.16,
-  // single runs 4.2-9.0), and where several sources feed a decode rank much
-  // faster; 1 KiB staged those single-source routes (docs/benchmarks.md).
-  // It is measured on shared memory only; RDMA hardware was not at hand.
+  // in. Since batches' op lists are kept from batch to batch
+  // (spare_vectors.h), 512 bytes: direct puts are much faster where several
+  // sources feed a decode rank, and as fast as staging within the noise for
+  // 512-byte fragments from one source, which 1 KiB staged
+  // (docs/benchmarks.md, "Batches' lists kept"). It is measured on shared
+  // memory only; RDMA hardware was not at hand.
   caps_.write_overhead_bytes = data_path_ == DataPath::kPut ? 512 : 65536;
   caps_.reads = true;  // ucp_get_nbx; the same flush completes them
 

@@ -20,8 +20,9 @@ Status PrefillSide::post_writes(PrefillRoom& room, Destination& dest) {
   const bool kv_due = dest.link.kv && dest.pages_written < available;
   if (!kv_due && !extras_due) return Status::ok();
   const std::optional<PeerId> wire = ctx_.peers.wire(dest.peer);
-  if (!wire) return Status::ok();                  // on_wire_ready (or on_wire_failed) follows
-  SpareVectors<WriteOp>::Lease lease(spare_ops_);  // the list of the last batch, emptied
+  if (!wire) return Status::ok();  // on_wire_ready (or on_wire_failed) follows
+  // The list of an earlier batch, emptied (spare_vectors.h).
+  SpareVectors<WriteOp>::Lease lease(spare_ops_);
   std::vector<WriteOp>& ops = *lease;
   if (dest.info->staging_bytes() > 0 && dest.link.kv) {
     PDKV_ASSIGN_OR_RETURN(const bool gathered, post_kv_staged(room, dest, ops));
